@@ -1,0 +1,106 @@
+"""The one configuration object shared by the gateware (``hw``) and the software (``sw``).
+
+Everything that both sides must agree on (array size, memory depths, bus width) lives here,
+so that the compiler can never target a different machine from the one that was built.
+"""
+
+import re
+from dataclasses import dataclass, field
+
+
+__all__ = ["NPUConfig", "MAX_K"]
+
+
+#: Largest reduction length for which an INT32 sum of INT8 x INT8 products cannot overflow:
+#: 131071 * (-128 * -128) = 2_147_467_264 <= 2**31 - 1, while 131072 * 16384 = 2**31.
+MAX_K = 131_071
+
+_CONFIG_NAME = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
+
+
+@dataclass(frozen=True)
+class NPUConfig:
+    """Parameters of one NPU instance.
+
+    Parameters
+    ----------
+    rows : int
+        R, the number of PE rows: the reduction (K) extent of one weight tile.
+    cols : int
+        C, the number of PE columns: the output (N) extent of one weight tile.
+    spad_depth : int
+        Number of scratchpad rows. A scratchpad row holds ``spad_row_bytes`` INT8 values.
+    acc_depth : int
+        Number of accumulator rows. An accumulator row holds ``cols`` INT32 values.
+    bus_width : int
+        Data width of the AXI4 master in bits: 32, 64 or 128.
+    addr_width : int
+        Width of DRAM byte addresses on the AXI4 master.
+    """
+    rows: int = 8
+    cols: int = 8
+    spad_depth: int = 2048
+    acc_depth: int = 512
+    bus_width: int = 64
+    addr_width: int = field(default=32)
+
+    def __post_init__(self):
+        for name in ("rows", "cols", "spad_depth", "acc_depth"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if self.rows > 256 or self.cols > 256:
+            raise ValueError(f"rows and cols must be at most 256, not {self.rows}x{self.cols}")
+        for name in ("spad_depth", "acc_depth"):
+            value = getattr(self, name)
+            if value > 65536:
+                raise ValueError(f"{name} must be at most 65536 (16-bit instruction field), "
+                                 f"not {value}")
+        if self.spad_depth < self.rows:
+            raise ValueError(f"spad_depth must hold at least one weight tile of {self.rows} "
+                             f"rows, not {self.spad_depth}")
+        if self.bus_width not in (32, 64, 128):
+            raise ValueError(f"bus_width must be 32, 64 or 128, not {self.bus_width!r}")
+        if self.addr_width != 32:
+            raise ValueError(f"addr_width must be 32, not {self.addr_width!r}")
+
+    @classmethod
+    def from_name(cls, name, **kwargs):
+        """Parse a config name of the form ``RxC`` (for example ``8x8`` or ``3x5``)."""
+        match = _CONFIG_NAME.match(str(name).strip())
+        if match is None:
+            raise ValueError(f"config must be written RxC with positive integers, "
+                             f"for example 8x8 or 3x5, not {name!r}")
+        return cls(rows=int(match.group(1)), cols=int(match.group(2)), **kwargs)
+
+    @property
+    def name(self):
+        return f"{self.rows}x{self.cols}"
+
+    @property
+    def spad_row_bytes(self):
+        """Bytes in a scratchpad row: an activation row (R values) or a weight row (C values)."""
+        return max(self.rows, self.cols)
+
+    @property
+    def acc_row_bytes(self):
+        """Bytes in an accumulator row: C INT32 lanes."""
+        return 4 * self.cols
+
+    @property
+    def bus_bytes(self):
+        return self.bus_width // 8
+
+    @property
+    def dma_row_bytes(self):
+        """Widest row the DMA moves: a scratchpad row or an accumulator row."""
+        return max(self.spad_row_bytes, self.acc_row_bytes)
+
+    @property
+    def dram_bytes(self):
+        return 1 << self.addr_width
+
+    def key(self):
+        """A string that names this build uniquely (used for build caches)."""
+        return (f"{self.rows}x{self.cols}_s{self.spad_depth}_a{self.acc_depth}"
+                f"_b{self.bus_width}")

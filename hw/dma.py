@@ -1,0 +1,309 @@
+"""The DMA engine: an AXI4 master moving 2-D strided blocks between DRAM and local rows."""
+
+from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import AXI4Signature, Burst, Resp
+
+
+__all__ = ["BlockCommand", "DMA"]
+
+
+class BlockCommand(data.Struct):
+    """A 2-D strided block: row ``r`` is ``row_bytes`` bytes at ``addr + r * stride``."""
+    addr:      32
+    rows:      16
+    row_bytes: 16
+    stride:    32
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+class DMA(wiring.Component):
+    """AXI4 master with a block reader (DRAM -> rows) and a block writer (rows -> DRAM).
+
+    Rows may start at any byte address: the reader fetches the bus-aligned beats that cover a
+    row and shifts it into place, the writer shifts each row onto the bus and masks it with
+    ``wstrb``. Every burst is INCR with full-width beats, at most 256 beats long, and never
+    crosses a 4 KiB boundary. The reader issues addresses ahead of the data it receives
+    (several reads outstanding); the writer sends a burst's data only after its address.
+
+    Parameters
+    ----------
+    data_width : int
+        AXI data width in bits (32, 64 or 128).
+    read_row_bytes : int
+        Width of a row delivered by the reader; bytes past ``row_bytes`` read as zero.
+    write_row_bytes : int
+        Width of a row accepted by the writer.
+
+    Attributes
+    ----------
+    bus : Out(AXI4Signature)
+        The AXI4 master.
+    read_cmd : In(stream.Signature(BlockCommand))
+        Read a block; accepted when the reader is idle. ``rows`` and ``row_bytes`` are
+        non-zero and ``row_bytes <= read_row_bytes`` (the controller checks).
+    read_row : Out(stream.Signature(8 * read_row_bytes, always_ready=True))
+        The rows of the block, in order.
+    read_done, read_error : Out(1)
+        ``read_done`` pulses once all rows of a command have been delivered; ``read_error``
+        is then high if any beat was answered SLVERR or DECERR.
+    write_cmd : In(stream.Signature(BlockCommand))
+        Write a block; accepted when the writer is idle.
+    write_row : In(stream.Signature(8 * write_row_bytes))
+        The rows to write, in order.
+    write_done, write_error : Out(1)
+        ``write_done`` pulses once every write response has come back.
+    idle : Out(1)
+        No command is running and nothing is outstanding on the bus.
+    """
+    def __init__(self, *, data_width, read_row_bytes, write_row_bytes, addr_width=32):
+        self.data_width = data_width
+        self.bus_bytes = data_width // 8
+        self.read_row_bytes = read_row_bytes
+        self.write_row_bytes = write_row_bytes
+        super().__init__({
+            "bus":         Out(AXI4Signature(addr_width=addr_width, data_width=data_width)),
+            "read_cmd":    In(stream.Signature(BlockCommand)),
+            "read_row":    Out(stream.Signature(8 * read_row_bytes, always_ready=True)),
+            "read_done":   Out(1),
+            "read_error":  Out(1),
+            "write_cmd":   In(stream.Signature(BlockCommand)),
+            "write_row":   In(stream.Signature(8 * write_row_bytes)),
+            "write_done":  Out(1),
+            "write_error": Out(1),
+            "idle":        Out(1),
+        })
+
+    def _row_geometry(self, m, addr, row_bytes, name):
+        """Aligned first beat address, byte offset and beat count of a row."""
+        lg = self.bus_bytes.bit_length() - 1
+        offset = Signal(range(self.bus_bytes), name=f"{name}_offset")
+        beats = Signal(17, name=f"{name}_beats")
+        m.d.comb += [
+            offset.eq(addr[:lg]),
+            beats.eq((offset + row_bytes + self.bus_bytes - 1) >> lg),
+        ]
+        aligned = Cat(Const(0, lg), addr[lg:])
+        return aligned, offset, beats
+
+    def _burst_len(self, m, beat_addr, beats_left, name):
+        """Beats in the next burst: the rest of the row, cut at 4 KiB and at 256 beats."""
+        lg = self.bus_bytes.bit_length() - 1
+        to_boundary = Signal(range(4096 // self.bus_bytes + 1), name=f"{name}_to_4k")
+        length = Signal(range(257), name=f"{name}_burst_len")
+        m.d.comb += to_boundary.eq((4096 - beat_addr[:12]) >> lg)
+        with m.If((beats_left <= to_boundary) & (beats_left <= 256)):
+            m.d.comb += length.eq(beats_left)
+        with m.Elif(to_boundary <= 256):
+            m.d.comb += length.eq(to_boundary)
+        with m.Else():
+            m.d.comb += length.eq(256)
+        return length
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        bus_bytes = self.bus_bytes
+        lg = bus_bytes.bit_length() - 1
+
+        m.d.comb += [
+            bus.arsize.eq(lg), bus.arburst.eq(Burst.INCR), bus.arid.eq(0),
+            bus.awsize.eq(lg), bus.awburst.eq(Burst.INCR), bus.awid.eq(0),
+        ]
+
+        # ---------------------------------------------------------------- reader
+        read_words = _ceil_div(self.read_row_bytes + bus_bytes - 1, bus_bytes)
+
+        ar_active = Signal()
+        ar_row_addr = Signal(32)
+        ar_rows_left = Signal(16)
+        ar_beat_addr = Signal(32)
+        ar_beats_left = Signal(17)
+        r_active = Signal()
+        r_row_addr = Signal(32)
+        r_rows_left = Signal(16)
+        r_beat = Signal(17)
+        r_error = Signal()
+        row_bytes = Signal(16)
+        stride = Signal(32)
+        buffer = Signal(data.ArrayLayout(self.data_width, read_words))
+        emit = Signal()
+        emit_last = Signal()
+        emit_offset = Signal(range(bus_bytes))
+
+        m.d.comb += self.read_cmd.ready.eq(~ar_active & ~r_active & ~emit)
+
+        cmd = self.read_cmd.payload
+        first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
+        with m.If(self.read_cmd.valid & self.read_cmd.ready):
+            m.d.sync += [
+                ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
+                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
+                r_active.eq(1), r_row_addr.eq(cmd.addr), r_rows_left.eq(cmd.rows),
+                r_beat.eq(0), r_error.eq(0),
+                row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
+            ]
+
+        # Address side: walks the rows and their bursts, ahead of the data.
+        ar_next_row = ar_row_addr + stride
+        ar_next_aligned, _, ar_next_beats = self._row_geometry(m, ar_next_row[:32], row_bytes,
+                                                               "rd_next")
+        ar_len = self._burst_len(m, ar_beat_addr, ar_beats_left, "rd")
+        m.d.comb += [
+            bus.araddr.eq(ar_beat_addr),
+            bus.arlen.eq(ar_len - 1),
+            bus.arvalid.eq(ar_active),
+        ]
+        with m.If(bus.arvalid & bus.arready):
+            m.d.sync += [
+                ar_beat_addr.eq(ar_beat_addr + (ar_len << lg)),
+                ar_beats_left.eq(ar_beats_left - ar_len),
+            ]
+            with m.If(ar_beats_left == ar_len):
+                m.d.sync += [
+                    ar_rows_left.eq(ar_rows_left - 1),
+                    ar_row_addr.eq(ar_next_row),
+                    ar_beat_addr.eq(ar_next_aligned),
+                    ar_beats_left.eq(ar_next_beats),
+                ]
+                with m.If(ar_rows_left == 1):
+                    m.d.sync += ar_active.eq(0)
+
+        # Data side: walks the same rows, collecting each row's beats into the buffer.
+        _, r_offset, r_beats = self._row_geometry(m, r_row_addr, row_bytes, "rd_data")
+        m.d.comb += bus.rready.eq(r_active)
+        m.d.sync += emit.eq(0)
+        with m.If(bus.rvalid & bus.rready):
+            m.d.sync += buffer[r_beat].eq(bus.rdata)
+            with m.If((bus.rresp == Resp.SLVERR) | (bus.rresp == Resp.DECERR)):
+                m.d.sync += r_error.eq(1)
+            m.d.sync += r_beat.eq(r_beat + 1)
+            with m.If(r_beat == r_beats - 1):
+                m.d.sync += [
+                    emit.eq(1),
+                    emit_offset.eq(r_offset),
+                    emit_last.eq(r_rows_left == 1),
+                    r_beat.eq(0),
+                    r_rows_left.eq(r_rows_left - 1),
+                    r_row_addr.eq(r_row_addr + stride),
+                ]
+                with m.If(r_rows_left == 1):
+                    m.d.sync += r_active.eq(0)
+
+        shifted = Signal(8 * self.read_row_bytes)
+        m.d.comb += shifted.eq(buffer.as_value() >> (emit_offset * 8))
+        for byte in range(self.read_row_bytes):
+            with m.If(byte < row_bytes):
+                m.d.comb += self.read_row.payload[8 * byte:8 * byte + 8].eq(
+                    shifted[8 * byte:8 * byte + 8])
+        m.d.comb += [
+            self.read_row.valid.eq(emit & ~r_error),
+            self.read_done.eq(emit & emit_last),
+            self.read_error.eq(r_error),
+        ]
+
+        # ---------------------------------------------------------------- writer
+        write_words = _ceil_div(self.write_row_bytes + bus_bytes - 1, bus_bytes)
+        w_row_addr = Signal(32)
+        w_rows_left = Signal(16)
+        w_row_bytes = Signal(16)
+        w_stride = Signal(32)
+        w_beat_addr = Signal(32)
+        w_beats_left = Signal(17)
+        w_beat = Signal(17)          # beat within the row
+        w_burst_beat = Signal(9)     # beat within the burst
+        w_burst_len = Signal(range(257))
+        w_data = Signal(data.ArrayLayout(self.data_width, write_words))
+        w_strb = Signal(data.ArrayLayout(bus_bytes, write_words))
+        w_outstanding = Signal(20)
+        w_error = Signal()
+
+        wcmd = self.write_cmd.payload
+        w_aligned, w_offset, w_beats = self._row_geometry(m, w_row_addr, w_row_bytes, "wr")
+        w_len = self._burst_len(m, w_beat_addr, w_beats_left, "wr")
+
+        byte_mask = Signal(self.write_row_bytes)
+        for byte in range(self.write_row_bytes):
+            m.d.comb += byte_mask[byte].eq(byte < w_row_bytes)
+
+        aw_fire = bus.awvalid & bus.awready
+        b_fire = bus.bvalid & bus.bready
+        m.d.comb += bus.bready.eq(1)
+        with m.If(aw_fire & ~b_fire):
+            m.d.sync += w_outstanding.eq(w_outstanding + 1)
+        with m.Elif(b_fire & ~aw_fire):
+            m.d.sync += w_outstanding.eq(w_outstanding - 1)
+        with m.If(b_fire & ((bus.bresp == Resp.SLVERR) | (bus.bresp == Resp.DECERR))):
+            m.d.sync += w_error.eq(1)
+        m.d.comb += self.write_error.eq(w_error)
+
+        m.d.comb += [
+            bus.awaddr.eq(w_beat_addr),
+            bus.awlen.eq(w_len - 1),
+            bus.wdata.eq(w_data[w_beat]),
+            bus.wstrb.eq(w_strb[w_beat]),
+            bus.wlast.eq(w_burst_beat == w_burst_len - 1),
+        ]
+
+        with m.FSM(name="writer") as writer_fsm:
+            with m.State("IDLE"):
+                m.d.comb += self.write_cmd.ready.eq(1)
+                with m.If(self.write_cmd.valid):
+                    m.d.sync += [
+                        w_row_addr.eq(wcmd.addr), w_rows_left.eq(wcmd.rows),
+                        w_row_bytes.eq(wcmd.row_bytes), w_stride.eq(wcmd.stride),
+                        w_error.eq(0),
+                    ]
+                    m.next = "ROW"
+            with m.State("ROW"):
+                m.d.comb += self.write_row.ready.eq(1)
+                with m.If(self.write_row.valid):
+                    m.d.sync += [
+                        w_data.eq(self.write_row.payload << (w_offset * 8)),
+                        w_strb.eq(byte_mask << w_offset),
+                        w_beat_addr.eq(w_aligned),
+                        w_beats_left.eq(w_beats),
+                        w_beat.eq(0),
+                    ]
+                    m.next = "ADDRESS"
+            with m.State("ADDRESS"):
+                m.d.comb += bus.awvalid.eq(1)
+                m.d.sync += w_burst_len.eq(w_len)
+                with m.If(bus.awready):
+                    m.d.sync += [
+                        w_beat_addr.eq(w_beat_addr + (w_len << lg)),
+                        w_beats_left.eq(w_beats_left - w_len),
+                        w_burst_beat.eq(0),
+                    ]
+                    m.next = "DATA"
+            with m.State("DATA"):
+                m.d.comb += bus.wvalid.eq(1)
+                with m.If(bus.wready):
+                    m.d.sync += [
+                        w_beat.eq(w_beat + 1),
+                        w_burst_beat.eq(w_burst_beat + 1),
+                    ]
+                    with m.If(bus.wlast):
+                        with m.If(w_beats_left != 0):
+                            m.next = "ADDRESS"
+                        with m.Elif(w_rows_left == 1):
+                            m.next = "RESPONSES"
+                        with m.Else():
+                            m.d.sync += [
+                                w_rows_left.eq(w_rows_left - 1),
+                                w_row_addr.eq(w_row_addr + w_stride),
+                            ]
+                            m.next = "ROW"
+            with m.State("RESPONSES"):
+                with m.If(w_outstanding == 0):
+                    m.d.comb += self.write_done.eq(1)
+                    m.next = "IDLE"
+
+        m.d.comb += self.idle.eq(~ar_active & ~r_active & ~emit &
+                                 writer_fsm.ongoing("IDLE") & (w_outstanding == 0))
+        return m

@@ -1,0 +1,124 @@
+"""The host interface: an AXI4-Lite slave holding the NPU's registers."""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .axi import AXI4LiteSignature, Resp
+from .isa import MAGIC, VERSION, Reg
+
+
+__all__ = ["HostInterface"]
+
+
+class HostInterface(wiring.Component):
+    """AXI4-Lite register file: identification, configuration, control, status, cycles.
+
+    The register map is :class:`hw.isa.Reg`. Reads of unmapped offsets return zero, writes to
+    them are ignored; both answer OKAY so that probing software does not fault.
+
+    Parameters
+    ----------
+    config : NPUConfig
+        Reported in the identification registers.
+
+    Attributes
+    ----------
+    bus : In(AXI4LiteSignature(addr_width=8))
+        The slave port.
+    start, soft_reset : Out(1)
+        One-cycle pulses from a write of ``CONTROL``.
+    prog_addr, prog_len : Out(32)
+        The program registers.
+    busy, done, error : In(1)
+    error_code : In(8)
+    error_pc, pc : In(32)
+    cycles : In(64)
+    """
+    def __init__(self, config):
+        self.config = config
+        super().__init__({
+            "bus":        In(AXI4LiteSignature(addr_width=8)),
+            "start":      Out(1),
+            "soft_reset": Out(1),
+            "prog_addr":  Out(32),
+            "prog_len":   Out(32),
+            "busy":       In(1),
+            "done":       In(1),
+            "error":      In(1),
+            "error_code": In(8),
+            "error_pc":   In(32),
+            "pc":         In(32),
+            "cycles":     In(64),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        config = self.config
+
+        # Writes: take address and data together, answer, then accept the next.
+        write_ack = Signal()
+        m.d.comb += [
+            bus.awready.eq(bus.awvalid & bus.wvalid & ~write_ack),
+            bus.wready.eq(bus.awvalid & bus.wvalid & ~write_ack),
+            bus.bvalid.eq(write_ack),
+            bus.bresp.eq(Resp.OKAY),
+        ]
+        with m.If(bus.bvalid & bus.bready):
+            m.d.sync += write_ack.eq(0)
+        with m.If(bus.awready):
+            m.d.sync += write_ack.eq(1)
+            with m.Switch(bus.awaddr[2:8]):
+                with m.Case(Reg.CONTROL >> 2):
+                    with m.If(bus.wstrb[0]):
+                        m.d.comb += [
+                            self.start.eq(bus.wdata[0]),   # Control.START
+                            self.soft_reset.eq(bus.wdata[1]),  # Control.SOFT_RESET
+                        ]
+                with m.Case(Reg.PROG_ADDR >> 2):
+                    for lane in range(4):
+                        with m.If(bus.wstrb[lane]):
+                            m.d.sync += self.prog_addr[8 * lane:8 * lane + 8].eq(
+                                bus.wdata[8 * lane:8 * lane + 8])
+                with m.Case(Reg.PROG_LEN >> 2):
+                    for lane in range(4):
+                        with m.If(bus.wstrb[lane]):
+                            m.d.sync += self.prog_len[8 * lane:8 * lane + 8].eq(
+                                bus.wdata[8 * lane:8 * lane + 8])
+
+        # Reads: one at a time, data registered.
+        read_valid = Signal()
+        read_data = Signal(32)
+        m.d.comb += [
+            bus.arready.eq(~read_valid),
+            bus.rvalid.eq(read_valid),
+            bus.rdata.eq(read_data),
+            bus.rresp.eq(Resp.OKAY),
+        ]
+        with m.If(bus.rvalid & bus.rready):
+            m.d.sync += read_valid.eq(0)
+        with m.If(bus.arvalid & bus.arready):
+            m.d.sync += [read_valid.eq(1), read_data.eq(0)]
+            registers = {
+                Reg.MAGIC:      MAGIC,
+                Reg.VERSION:    VERSION,
+                Reg.SHAPE:      config.rows | (config.cols << 16),
+                Reg.SPAD_DEPTH: config.spad_depth,
+                Reg.ACC_DEPTH:  config.acc_depth,
+                Reg.BUS_WIDTH:  config.bus_width,
+                Reg.STATUS:     (self.busy | (self.done << 1) | (self.error << 2) |
+                                 (self.error_code << 8)),
+                Reg.ERROR_PC:   self.error_pc,
+                Reg.PC:         self.pc,
+                Reg.PROG_ADDR:  self.prog_addr,
+                Reg.PROG_LEN:   self.prog_len,
+                Reg.CYCLES_LO:  self.cycles[:32],
+                Reg.CYCLES_HI:  self.cycles[32:],
+            }
+            with m.Switch(bus.araddr[2:8]):
+                for offset, value in registers.items():
+                    with m.Case(offset >> 2):
+                        m.d.sync += read_data.eq(value)
+
+        return m

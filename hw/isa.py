@@ -1,0 +1,179 @@
+"""The instruction set, error codes and host register map: one definition for ``hw`` and ``sw``.
+
+The controller decodes :class:`Instruction` with these very layouts, and the compiler encodes
+with them (``Instruction.const({...}).as_bits()``), so there is exactly one encoding.
+
+An instruction is 128 bits, stored little-endian in DRAM as 16 bytes. Programs start at a
+16-byte aligned address and run until ``END`` (or until the error that stops them).
+"""
+
+from amaranth.lib import data, enum
+
+
+__all__ = [
+    "Opcode", "LoadArgs", "StoreArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
+    "INSTR_BITS", "INSTR_BYTES", "ErrorCode", "Reg", "MAGIC", "VERSION",
+    "Status", "Control", "encode", "decode", "opcode_of",
+]
+
+
+class Opcode(enum.Enum, shape=8):
+    """What an instruction does. Zero is deliberately not an opcode: zeroed memory is illegal."""
+    END       = 0x01  #: Stop; the program is done.
+    LOAD_SPAD = 0x02  #: DRAM -> scratchpad rows (INT8, zero-filled past ``row_bytes``).
+    LOAD_ACC  = 0x03  #: DRAM -> accumulator rows (INT32 little-endian, zero-filled).
+    PRELOAD   = 0x04  #: Scratchpad rows ``spad_addr .. spad_addr+R-1`` -> shadow weights.
+    MATMUL    = 0x05  #: Stream scratchpad rows through the array into the accumulator.
+    STORE     = 0x06  #: Accumulator rows -> DRAM (INT32 little-endian).
+
+
+class LoadArgs(data.Struct):
+    """``LOAD_SPAD`` / ``LOAD_ACC``: a 2-D strided block from DRAM into local rows.
+
+    Row ``r`` (``0 <= r < rows``) is ``row_bytes`` bytes at ``dram_addr + r * dram_stride``;
+    it lands in local row ``local_addr + r``, and the rest of that local row is zero.
+    """
+    local_addr:  16
+    rows:        16
+    row_bytes:   16
+    dram_addr:   32
+    dram_stride: 32
+
+
+class StoreArgs(data.Struct):
+    """``STORE``: the first ``row_bytes`` bytes (a multiple of 4) of each accumulator row
+    ``acc_addr + r`` go to ``dram_addr + r * dram_stride``."""
+    acc_addr:    16
+    rows:        16
+    row_bytes:   16
+    dram_addr:   32
+    dram_stride: 32
+
+
+class PreloadArgs(data.Struct):
+    """``PRELOAD``: scratchpad row ``spad_addr + i`` holds weight row ``i`` (lanes ``0..C-1``)
+    for ``0 <= i < R``. The weights go to the shadow registers; the next ``MATMUL`` uses them."""
+    spad_addr: 16
+
+
+class MatmulArgs(data.Struct):
+    """``MATMUL``: for ``0 <= t < rows``, activation row ``spad[spad_addr + t]`` (lanes
+    ``0..R-1``) times the weights gives C INT32 results that overwrite (``accumulate = 0``)
+    or add to (``accumulate = 1``) accumulator row ``acc_addr + t``."""
+    spad_addr:  16
+    acc_addr:   16
+    rows:       16
+    accumulate: 1
+
+
+class Arguments(data.Union):
+    load:    LoadArgs
+    store:   StoreArgs
+    preload: PreloadArgs
+    matmul:  MatmulArgs
+
+
+class Instruction(data.Struct):
+    opcode:   8   # an :class:`Opcode` value; kept as raw bits so illegal values can be seen
+    reserved: 8
+    args:     data.UnionLayout({"load": LoadArgs, "store": StoreArgs,
+                                "preload": PreloadArgs, "matmul": MatmulArgs,
+                                "raw": 112})
+
+
+INSTR_BITS = data.Layout.cast(Instruction).size
+INSTR_BYTES = INSTR_BITS // 8
+assert INSTR_BITS == 128
+
+
+_ARG_FIELD = {
+    Opcode.LOAD_SPAD: "load",
+    Opcode.LOAD_ACC:  "load",
+    Opcode.STORE:     "store",
+    Opcode.PRELOAD:   "preload",
+    Opcode.MATMUL:    "matmul",
+}
+
+
+def encode(opcode, **fields):
+    """Encode one instruction into its 128-bit integer, through the :class:`Instruction` layout.
+
+    >>> hex(encode(Opcode.END))
+    '0x1'
+    """
+    opcode = Opcode(opcode)
+    value = {"opcode": opcode.value}
+    if opcode in _ARG_FIELD:
+        value["args"] = {_ARG_FIELD[opcode]: fields}
+    elif fields:
+        raise ValueError(f"{opcode.name} takes no fields, not {sorted(fields)}")
+    return Instruction.const(value).as_bits()
+
+
+def opcode_of(word):
+    """The :class:`Opcode` of a 128-bit instruction word, or ``None`` if it is illegal."""
+    raw = Instruction.from_bits(word).opcode
+    try:
+        return Opcode(raw)
+    except ValueError:
+        return None
+
+
+def decode(word):
+    """Decode a 128-bit instruction word into ``(opcode, fields)``; ``opcode`` is ``None``
+    for an illegal opcode (and ``fields`` is then empty)."""
+    view = Instruction.from_bits(word)
+    opcode = opcode_of(word)
+    if opcode not in _ARG_FIELD:
+        return opcode, {}
+    args = getattr(view.args, _ARG_FIELD[opcode])
+    return opcode, {name: int(getattr(args, name)) for name, _ in args.shape()}
+
+
+class ErrorCode(enum.Enum, shape=8):
+    """Why a program stopped with an error (the ``STATUS.error_code`` field)."""
+    NONE           = 0
+    ILLEGAL_OPCODE = 1   #: the opcode is not one of :class:`Opcode`
+    SPAD_RANGE     = 2   #: a scratchpad row outside ``0 .. spad_depth-1``
+    ACC_RANGE      = 3   #: an accumulator row outside ``0 .. acc_depth-1``
+    BAD_LENGTH     = 4   #: zero rows, zero bytes, or more bytes than a row holds
+    BUS_READ       = 5   #: a DMA or instruction read answered SLVERR or DECERR
+    BUS_WRITE      = 6   #: a DMA write answered SLVERR or DECERR
+    PROGRAM        = 7   #: program address unaligned, length zero, or no END within length
+    DRAM_RANGE     = 8   #: a DMA block that runs past the top of the 32-bit address space
+
+
+MAGIC = 0x4E505538      # "NPU8"
+VERSION = 0x0001_0000   # major 1, minor 0
+
+
+class Reg(enum.IntEnum):
+    """Byte offsets of the 32-bit host registers on the AXI4-Lite slave."""
+    MAGIC      = 0x00  #: RO  ``MAGIC``
+    VERSION    = 0x04  #: RO  ``VERSION`` (major in [31:16], minor in [15:0])
+    SHAPE      = 0x08  #: RO  rows R in [15:0], cols C in [31:16]
+    SPAD_DEPTH = 0x0C  #: RO  scratchpad rows
+    ACC_DEPTH  = 0x10  #: RO  accumulator rows
+    BUS_WIDTH  = 0x14  #: RO  AXI4 master data width in bits
+    CONTROL    = 0x20  #: WO  bit 0 start, bit 1 soft reset (both self-clearing)
+    STATUS     = 0x24  #: RO  bit 0 busy, bit 1 done, bit 2 error, [15:8] error code
+    ERROR_PC   = 0x28  #: RO  index of the instruction that failed
+    PC         = 0x2C  #: RO  index of the instruction being (or last) executed
+    PROG_ADDR  = 0x30  #: RW  DRAM byte address of the program (16-byte aligned)
+    PROG_LEN   = 0x34  #: RW  maximum number of instructions in the program
+    CYCLES_LO  = 0x38  #: RO  cycles from start to done or error, low word
+    CYCLES_HI  = 0x3C  #: RO  the same, high word
+
+
+class Status:
+    """Bits of the ``STATUS`` register."""
+    BUSY = 1 << 0
+    DONE = 1 << 1
+    ERROR = 1 << 2
+    CODE_SHIFT = 8
+
+
+class Control:
+    """Bits of the ``CONTROL`` register."""
+    START = 1 << 0
+    SOFT_RESET = 1 << 1

@@ -1,0 +1,80 @@
+"""The R x C grid of processing elements, wired to their neighbours and nothing else."""
+
+from amaranth.hdl import Module, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from .pe import PE
+
+
+__all__ = ["Mesh"]
+
+
+class Mesh(wiring.Component):
+    """A grid of :class:`PE`: PE(i, j) sits in row i (reduction) and column j (output).
+
+    Activations enter row i at the west edge and move east; partial sums enter every column
+    at the north edge as zero and move south; shadow weights enter at the north edge and shift
+    south. The mesh has no skew or alignment of its own (see :class:`SystolicArray`).
+
+    Parameters
+    ----------
+    rows, cols : int
+        R and C.
+
+    Attributes
+    ----------
+    west : In(ArrayLayout(signed(8), rows))
+        Activation entering each row.
+    west_commit : In(ArrayLayout(1, rows))
+        Weight commit flag entering each row with its activation.
+    north_weight : In(ArrayLayout(signed(8), cols))
+        Shadow weight entering the top of each column.
+    weight_shift : In(1)
+        Shift every column's shadow weights one PE south.
+    south : Out(ArrayLayout(signed(32), cols))
+        Partial sum leaving the bottom PE of each column (registered in that PE).
+    """
+    def __init__(self, rows, cols):
+        self.rows = rows
+        self.cols = cols
+        super().__init__({
+            "west":         In(data.ArrayLayout(signed(8), rows)),
+            "west_commit":  In(data.ArrayLayout(1, rows)),
+            "north_weight": In(data.ArrayLayout(signed(8), cols)),
+            "weight_shift": In(1),
+            "south":        Out(data.ArrayLayout(signed(32), cols)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+
+        pes = [[PE() for _ in range(self.cols)] for _ in range(self.rows)]
+        for i, pe_row in enumerate(pes):
+            for j, pe in enumerate(pe_row):
+                m.submodules[f"pe_{i}_{j}"] = pe
+                m.d.comb += pe.w_shift.eq(self.weight_shift)
+                if j == 0:
+                    m.d.comb += [
+                        pe.a_in.eq(self.west[i]),
+                        pe.commit_in.eq(self.west_commit[i]),
+                    ]
+                else:
+                    m.d.comb += [
+                        pe.a_in.eq(pe_row[j - 1].a_out),
+                        pe.commit_in.eq(pe_row[j - 1].commit_out),
+                    ]
+                if i == 0:
+                    m.d.comb += [
+                        pe.psum_in.eq(0),
+                        pe.w_in.eq(self.north_weight[j]),
+                    ]
+                else:
+                    m.d.comb += [
+                        pe.psum_in.eq(pes[i - 1][j].psum_out),
+                        pe.w_in.eq(pes[i - 1][j].w_out),
+                    ]
+        for j in range(self.cols):
+            m.d.comb += self.south[j].eq(pes[self.rows - 1][j].psum_out)
+
+        return m

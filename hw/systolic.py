@@ -1,0 +1,114 @@
+"""The mesh with its input skew and output alignment: rows in, aligned result rows out."""
+
+from amaranth.hdl import Module, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .mesh import Mesh
+
+
+__all__ = ["SystolicArray", "ActivationRow"]
+
+
+def ActivationRow(rows):
+    """Payload of one activation row: R INT8 lanes and the weight commit flag."""
+    return data.StructLayout({
+        "lanes":  data.ArrayLayout(signed(8), rows),
+        "commit": 1,
+    })
+
+
+class SystolicArray(wiring.Component):
+    """Weight-stationary systolic array with input skew and output alignment.
+
+    An activation row accepted in cycle ``t`` (``act.valid`` high) enters PE row ``i`` in cycle
+    ``t + i`` (the skew), reaches PE(i, j) in cycle ``t + i + j``, and its C results leave
+    together on ``result`` in cycle ``t + latency`` (the alignment), where
+    ``latency = rows + cols - 1``. The array never stalls: ``act`` and ``result`` are
+    always ready, so whoever consumes ``result`` must take a row every cycle it is valid.
+
+    Weights: each ``weight`` transfer shifts one row of C weights into the top of the shadow
+    registers and moves the others one row south, so after R transfers (weight row ``R-1``
+    first, row ``0`` last) the shadow registers hold the tile. The first activation with
+    ``commit`` set makes them active, on its own wavefront.
+
+    Parameters
+    ----------
+    rows, cols : int
+        R (reduction) and C (output) extent of the array.
+
+    Attributes
+    ----------
+    act : In(stream.Signature(ActivationRow(rows), always_ready=True))
+        Activation rows, streamed in.
+    weight : In(stream.Signature(ArrayLayout(signed(8), cols), always_ready=True))
+        Weight rows for the shadow registers.
+    result : Out(stream.Signature(ArrayLayout(signed(32), cols), always_ready=True))
+        Aligned result rows.
+    south : Out(ArrayLayout(signed(32), cols))
+        The mesh's south edge before alignment (for tests and traces).
+    """
+    def __init__(self, rows, cols):
+        if not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be a positive integer, not {rows!r}")
+        if not isinstance(cols, int) or cols < 1:
+            raise ValueError(f"cols must be a positive integer, not {cols!r}")
+        self.rows = rows
+        self.cols = cols
+        self.latency = rows + cols - 1
+        super().__init__({
+            "act":    In(stream.Signature(ActivationRow(rows), always_ready=True)),
+            "weight": In(stream.Signature(data.ArrayLayout(signed(8), cols),
+                                          always_ready=True)),
+            "result": Out(stream.Signature(data.ArrayLayout(signed(32), cols),
+                                           always_ready=True)),
+            "south":  Out(data.ArrayLayout(signed(32), cols)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mesh = mesh = Mesh(self.rows, self.cols)
+
+        # Idle cycles feed zero activations, so nothing but real rows ever reaches a psum.
+        lanes = Signal.like(self.act.payload.lanes)
+        commit = Signal()
+        with m.If(self.act.valid):
+            m.d.comb += [
+                lanes.eq(self.act.payload.lanes),
+                commit.eq(self.act.payload.commit),
+            ]
+
+        # Skew: row i is delayed by i registers, the time a partial sum takes to travel i rows.
+        for i in range(self.rows):
+            a, c = lanes[i], commit
+            for stage in range(i):
+                a_next = Signal(signed(8), name=f"skew_a_{i}_{stage}")
+                c_next = Signal(name=f"skew_commit_{i}_{stage}")
+                m.d.sync += [a_next.eq(a), c_next.eq(c)]
+                a, c = a_next, c_next
+            m.d.comb += [mesh.west[i].eq(a), mesh.west_commit[i].eq(c)]
+
+        m.d.comb += [
+            mesh.north_weight.eq(self.weight.payload),
+            mesh.weight_shift.eq(self.weight.valid),
+            self.south.eq(mesh.south),
+        ]
+
+        # Alignment: column j leaves the mesh j cycles after column 0, so it is delayed by
+        # (cols - 1 - j) registers to let the whole row leave together.
+        for j in range(self.cols):
+            psum = mesh.south[j]
+            for stage in range(self.cols - 1 - j):
+                psum_next = Signal(signed(32), name=f"align_{j}_{stage}")
+                m.d.sync += psum_next.eq(psum)
+                psum = psum_next
+            m.d.comb += self.result.payload[j].eq(psum)
+
+        valid = self.act.valid
+        for stage in range(self.latency):
+            valid_next = Signal(name=f"result_valid_{stage}")
+            m.d.sync += valid_next.eq(valid)
+            valid = valid_next
+        m.d.comb += self.result.valid.eq(valid)
+
+        return m

@@ -1,0 +1,130 @@
+"""The NPU top level: host registers, controller, DMA, memories and the systolic array."""
+
+from amaranth.back import verilog
+from amaranth.hdl import Module, ResetInserter, Signal, Value
+from amaranth.hdl._ir import PortDirection  # the public `ports=` dict takes these
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .accumulator import AccumulatorMemory
+from .axi import AXI4LiteSignature, AXI4Signature
+from .config import NPUConfig
+from .controller import Controller
+from .dma import DMA
+from .host import HostInterface
+from .isa import INSTR_BYTES
+from .scratchpad import Scratchpad
+from .systolic import SystolicArray
+
+
+__all__ = ["NPU", "generate_verilog", "top_ports"]
+
+
+class NPU(wiring.Component):
+    """The whole NPU.
+
+    Parameters
+    ----------
+    config : NPUConfig
+
+    Attributes
+    ----------
+    m_axi : Out(AXI4Signature)
+        AXI4 master to DRAM: instruction fetch and the DMA.
+    s_axil : In(AXI4LiteSignature)
+        AXI4-Lite slave with the host registers (:class:`hw.isa.Reg`).
+    irq : Out(1)
+        High from the end of a program (done or error) until the next start or soft reset.
+    """
+    def __init__(self, config=None):
+        if config is None:
+            config = NPUConfig()
+        if not isinstance(config, NPUConfig):
+            raise TypeError(f"config must be an NPUConfig, not {config!r}")
+        self.config = config
+        super().__init__({
+            "m_axi":  Out(AXI4Signature(addr_width=config.addr_width,
+                                        data_width=config.bus_width)),
+            "s_axil": In(AXI4LiteSignature(addr_width=8)),
+            "irq":    Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        config = self.config
+        read_row_bytes = max(config.dma_row_bytes, INSTR_BYTES)
+
+        m.submodules.host = host = HostInterface(config)
+        wiring.connect(m, wiring.flipped(self.s_axil), host.bus)
+
+        # Soft reset waits until the DMA has nothing outstanding on the bus, so that no
+        # transaction is cut in half; then it resets every block but the host registers.
+        soft_reset_pending = Signal()
+        core_reset = Signal()
+        with m.If(host.soft_reset):
+            m.d.sync += soft_reset_pending.eq(1)
+        with m.If(core_reset):
+            m.d.sync += soft_reset_pending.eq(0)
+
+        def core(block):
+            return ResetInserter(core_reset)(block)
+
+        controller = Controller(config, read_row_bytes=read_row_bytes)
+        dma = DMA(data_width=config.bus_width, read_row_bytes=read_row_bytes,
+                  write_row_bytes=config.acc_row_bytes, addr_width=config.addr_width)
+        scratchpad = Scratchpad(depth=config.spad_depth, row_bytes=config.spad_row_bytes)
+        accumulator = AccumulatorMemory(depth=config.acc_depth, cols=config.cols)
+        array = SystolicArray(config.rows, config.cols)
+        m.submodules.controller = core(controller)
+        m.submodules.dma = core(dma)
+        m.submodules.scratchpad = scratchpad
+        m.submodules.accumulator = core(accumulator)
+        m.submodules.array = core(array)
+
+        m.d.comb += core_reset.eq(soft_reset_pending & dma.idle)
+
+        wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
+        wiring.connect(m, controller.read_cmd, dma.read_cmd)
+        wiring.connect(m, dma.read_row, controller.read_row)
+        wiring.connect(m, controller.write_cmd, dma.write_cmd)
+        wiring.connect(m, controller.write_row, dma.write_row)
+        wiring.connect(m, controller.spad, scratchpad)
+        wiring.connect(m, controller.acc, accumulator)
+        wiring.connect(m, controller.act, array.act)
+        wiring.connect(m, controller.weight, array.weight)
+        wiring.connect(m, array.result, controller.result)
+        m.d.comb += [
+            controller.read_done.eq(dma.read_done),
+            controller.read_error.eq(dma.read_error),
+            controller.write_done.eq(dma.write_done),
+            controller.write_error.eq(dma.write_error),
+            controller.start.eq(host.start & ~soft_reset_pending),
+            controller.prog_addr.eq(host.prog_addr),
+            controller.prog_len.eq(host.prog_len),
+            host.busy.eq(controller.busy | soft_reset_pending),
+            host.done.eq(controller.done),
+            host.error.eq(controller.error),
+            host.error_code.eq(controller.error_code),
+            host.error_pc.eq(controller.error_pc),
+            host.pc.eq(controller.pc),
+            host.cycles.eq(controller.cycles),
+            self.irq.eq(controller.done | controller.error),
+        ]
+        return m
+
+
+def top_ports(npu):
+    """Top-level ports named the AXI way: ``m_axi_awaddr``, ``s_axil_rdata``, ``irq``."""
+    ports = {}
+    for path, member, value in npu.signature.flatten(npu):
+        name = "_".join(str(part) for part in path)
+        direction = PortDirection.Output if member.flow == Out else PortDirection.Input
+        ports[name] = (Value.cast(value), direction)
+    return ports
+
+
+def generate_verilog(config, *, name="npu_top"):
+    """Verilog text of the NPU for ``config``: ports ``clk``, ``rst``, ``irq``, ``m_axi_*``,
+    ``s_axil_*``."""
+    npu = NPU(config)
+    return verilog.convert(npu, name=name, ports=top_ports(npu), emit_src=False)

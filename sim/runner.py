@@ -1,0 +1,174 @@
+"""Building the NPU's Verilog for a simulator (cached) and running cocotb benches on it.
+
+Builds live in ``build/sim/<simulator>/<config>-<hash>``, where the hash covers the gateware
+sources, so a build is made once per configuration and simulator and reused by every test
+and every driver call until ``hw/`` changes. A file lock lets parallel pytest workers share
+one build instead of racing.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from hw.config import NPUConfig
+from .toolchain import setup
+
+
+__all__ = ["TOPLEVEL", "PROJECT_ROOT", "BUILD_ROOT", "build", "run_cocotb", "run_program"]
+
+
+TOPLEVEL = "npu_top"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+BUILD_ROOT = Path(os.environ.get("NPU_BUILD_DIR", PROJECT_ROOT / "build"))
+TIMESCALE = ("1ns", "1ps")
+
+# Verilator: Amaranth's Verilog has width warnings that must not stop the build.
+VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "--x-assign", "fast",
+                  "--x-initial", "fast"]
+
+
+# Icarus: Yosys' Verilog starts its combinational blocks with a variable initialised in its
+# declaration; under the runner's -g2012 that initialisation raises no event and the blocks
+# whose inputs never change stay X. Verilog-2005 semantics (the last -g wins) restore it.
+ICARUS_ARGS = ["-g2005"]
+
+
+def _gateware_hash():
+    digest = hashlib.sha256()
+    for source in sorted((PROJECT_ROOT / "hw").glob("*.py")):
+        digest.update(source.name.encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@contextmanager
+def _locked(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_dir(config, sim):
+    return BUILD_ROOT / "sim" / sim / f"{config.key()}-{_gateware_hash()}"
+
+
+def build(config, sim):
+    """Generate the Verilog for ``config`` and build it for ``sim``, unless already built.
+
+    Returns the build directory.
+    """
+    from cocotb_tools.runner import get_runner
+    from hw.top import generate_verilog
+
+    setup(sim)
+    build_dir = _build_dir(config, sim)
+    stamp = build_dir / "build.ok"
+    with _locked(build_dir.with_name(build_dir.name + ".lock")):
+        if stamp.exists():
+            return build_dir
+        build_dir.mkdir(parents=True, exist_ok=True)
+        source = build_dir / f"{TOPLEVEL}.v"
+        source.write_text(generate_verilog(config, name=TOPLEVEL))
+        runner = get_runner(sim)
+        runner.build(
+            sources=[source],
+            hdl_toplevel=TOPLEVEL,
+            build_dir=build_dir,
+            build_args=VERILATOR_ARGS if sim == "verilator" else ICARUS_ARGS,
+            timescale=TIMESCALE,
+            always=True,
+            log_file=build_dir / "build.log",
+        )
+        stamp.write_text(json.dumps({"config": config.key(), "sim": sim}))
+    return build_dir
+
+
+def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_dir=None,
+               waves=None):
+    """Run the cocotb ``test_module`` against the NPU built for ``config`` on ``sim``.
+
+    The bench finds the configuration in ``NPU_CONFIG`` (JSON). Raises ``AssertionError`` if
+    any cocotb test failed.
+    """
+    from cocotb_tools.runner import get_runner, get_results
+
+    build_dir = build(config, sim)
+    if waves is None:
+        waves = os.environ.get("WAVES", "0") == "1"
+    env = {
+        "NPU_CONFIG": json.dumps({
+            "rows": config.rows, "cols": config.cols, "spad_depth": config.spad_depth,
+            "acc_depth": config.acc_depth, "bus_width": config.bus_width,
+        }),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
+                                                    os.environ.get("PYTHONPATH")])),
+    }
+    env.update(extra_env or {})
+    runner = get_runner(sim)
+    if test_dir is None:
+        runs = BUILD_ROOT / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        test_dir = Path(tempfile.mkdtemp(prefix=f"npu-{sim}-", dir=runs))
+    results = runner.test(
+        test_module=test_module,
+        hdl_toplevel=TOPLEVEL,
+        hdl_toplevel_lang="verilog",
+        testcase=testcase,
+        build_dir=build_dir,
+        test_dir=test_dir,
+        extra_env=env,
+        timescale=TIMESCALE if sim == "icarus" else None,
+        waves=waves,
+        log_file=Path(test_dir) / "sim.log",
+    )
+    tests, failures = get_results(results)
+    if failures:
+        raise AssertionError(f"{failures} of {tests} cocotb tests failed under {sim}; "
+                             f"log: {Path(test_dir) / 'sim.log'}")
+    return Path(test_dir)
+
+
+def run_program(config, sim, dram, prog_addr, prog_len, *, timeout_cycles=None):
+    """Run one program on the RTL: the driver's ``verilator`` and ``icarus`` backends.
+
+    ``dram`` (``uint8``) becomes the contents of an ``AxiRam``; the bench starts the NPU over
+    AXI4-Lite, sleeps until the interrupt and reads the status. Returns a
+    :class:`sw.backend.RunResult` holding the DRAM after the run.
+    """
+    from sw.backend import RunResult
+    from hw.isa import ErrorCode
+
+    if not isinstance(config, NPUConfig):
+        raise TypeError(f"config must be an NPUConfig, not {config!r}")
+    (BUILD_ROOT / "runs").mkdir(parents=True, exist_ok=True)
+    # The job folder is kept when the run fails, so that its log can be read.
+    job = Path(tempfile.mkdtemp(prefix=f"npu-job-{sim}-", dir=BUILD_ROOT / "runs"))
+    np.save(job / "dram_in.npy", np.ascontiguousarray(dram, dtype=np.uint8))
+    (job / "job.json").write_text(json.dumps({
+        "prog_addr": int(prog_addr),
+        "prog_len": int(prog_len),
+        "timeout_cycles": timeout_cycles,
+    }))
+    run_cocotb(config, sim, "sim.job", extra_env={"NPU_JOB": str(job)}, test_dir=job)
+    outcome = json.loads((job / "result.json").read_text())
+    dram_out = np.load(job / "dram_out.npy")
+    shutil.rmtree(job)
+    return RunResult(
+        done=outcome["done"],
+        error_code=ErrorCode(outcome["error_code"]),
+        error_pc=outcome["error_pc"],
+        cycles=outcome["cycles"],
+        instructions=outcome["instructions"],
+        dram=dram_out,
+    )
