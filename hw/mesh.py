@@ -38,6 +38,8 @@ class Mesh(wiring.Component):
     def __init__(self, rows, cols):
         self.rows = rows
         self.cols = cols
+        #: The PEs, ``pes[i][j]``; made here so that tests and traces can watch them.
+        self.pes = [[PE() for _ in range(cols)] for _ in range(rows)]
         super().__init__({
             "west":         In(data.ArrayLayout(signed(8), rows)),
             "west_commit":  In(data.ArrayLayout(1, rows)),
@@ -49,7 +51,7 @@ class Mesh(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
-        pes = [[PE() for _ in range(self.cols)] for _ in range(self.rows)]
+        pes = self.pes
         for i, pe_row in enumerate(pes):
             for j, pe in enumerate(pe_row):
                 m.submodules[f"pe_{i}_{j}"] = pe

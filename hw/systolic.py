@@ -56,6 +56,7 @@ class SystolicArray(wiring.Component):
         self.rows = rows
         self.cols = cols
         self.latency = rows + cols - 1
+        self.mesh = Mesh(rows, cols)
         super().__init__({
             "act":    In(stream.Signature(ActivationRow(rows), always_ready=True)),
             "weight": In(stream.Signature(data.ArrayLayout(signed(8), cols),
@@ -67,7 +68,7 @@ class SystolicArray(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mesh = mesh = Mesh(self.rows, self.cols)
+        m.submodules.mesh = mesh = self.mesh
 
         # Idle cycles feed zero activations, so nothing but real rows ever reaches a psum.
         lanes = Signal.like(self.act.payload.lanes)

@@ -1,7 +1,7 @@
-"""The cocotb test that runs one driver job: load DRAM, run the program, save DRAM.
+"""The cocotb test that runs driver jobs: for each program, load DRAM, run, save DRAM.
 
-:func:`sim.runner.run_program` writes the job to the folder named by ``NPU_JOB`` and reads
-``result.json`` and ``dram_out.npy`` back from it.
+:func:`sim.runner.run_programs` writes the job to the folder named by ``NPU_JOB`` and reads
+``result.json`` and ``dram_out_<i>.npy`` back from it.
 """
 
 import json
@@ -18,19 +18,23 @@ from .bench import TB
 async def run_job(dut):
     job = Path(os.environ["NPU_JOB"])
     spec = json.loads((job / "job.json").read_text())
-    dram = np.load(job / "dram_in.npy")
+    images = [np.load(job / f"dram_in_{index}.npy") for index in range(len(spec["programs"]))]
+    dram_size = max(len(image) for image in images)
 
-    tb = TB(dut, dram_size=len(dram))
-    tb.dram.write(0, dram.tobytes())
+    tb = TB(dut, dram_size=dram_size)
     await tb.reset()
-    timeout = spec["timeout_cycles"] or 50 * len(dram) + 10_000_000
-    outcome = await tb.run_program(spec["prog_addr"], spec["prog_len"], timeout)
-
-    np.save(job / "dram_out.npy", np.frombuffer(tb.dram.read(0, len(dram)), dtype=np.uint8))
-    (job / "result.json").write_text(json.dumps({
-        "done": outcome.done,
-        "error_code": outcome.error_code.value,
-        "error_pc": outcome.error_pc,
-        "cycles": outcome.cycles,
-        "instructions": outcome.instructions,
-    }))
+    results = []
+    for index, (program, image) in enumerate(zip(spec["programs"], images)):
+        tb.dram.write(0, image.tobytes() + bytes(dram_size - len(image)))
+        timeout = spec["timeout_cycles"] or 50 * len(image) + 10_000_000
+        outcome = await tb.run_program(program["prog_addr"], program["prog_len"], timeout)
+        np.save(job / f"dram_out_{index}.npy",
+                np.frombuffer(tb.dram.read(0, len(image)), dtype=np.uint8))
+        results.append({
+            "done": outcome.done,
+            "error_code": outcome.error_code.value,
+            "error_pc": outcome.error_pc,
+            "cycles": outcome.cycles,
+            "instructions": outcome.instructions,
+        })
+    (job / "result.json").write_text(json.dumps(results))

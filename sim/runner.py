@@ -21,7 +21,8 @@ from hw.config import NPUConfig
 from .toolchain import setup
 
 
-__all__ = ["TOPLEVEL", "PROJECT_ROOT", "BUILD_ROOT", "build", "run_cocotb", "run_program"]
+__all__ = ["TOPLEVEL", "PROJECT_ROOT", "BUILD_ROOT", "build", "run_cocotb", "run_program",
+           "run_programs"]
 
 
 TOPLEVEL = "npu_top"
@@ -139,12 +140,14 @@ def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_
     return Path(test_dir)
 
 
-def run_program(config, sim, dram, prog_addr, prog_len, *, timeout_cycles=None):
-    """Run one program on the RTL: the driver's ``verilator`` and ``icarus`` backends.
+def run_programs(config, sim, programs, *, timeout_cycles=None):
+    """Run several programs, one after the other, in one simulation of the RTL.
 
-    ``dram`` (``uint8``) becomes the contents of an ``AxiRam``; the bench starts the NPU over
-    AXI4-Lite, sleeps until the interrupt and reads the status. Returns a
-    :class:`sw.backend.RunResult` holding the DRAM after the run.
+    Each program is ``(dram, prog_addr, prog_len)``; its ``dram`` (``uint8``) is written into
+    the ``AxiRam`` before it starts (the rest of the RAM is zeroed), the bench starts the NPU
+    over AXI4-Lite, sleeps until the interrupt and reads the status. The NPU is not reset
+    between programs, so each one meets the scratchpad and accumulator its predecessor left.
+    Returns one :class:`sw.backend.RunResult` per program, holding its DRAM after the run.
     """
     from sw.backend import RunResult
     from hw.isa import ErrorCode
@@ -154,21 +157,31 @@ def run_program(config, sim, dram, prog_addr, prog_len, *, timeout_cycles=None):
     (BUILD_ROOT / "runs").mkdir(parents=True, exist_ok=True)
     # The job folder is kept when the run fails, so that its log can be read.
     job = Path(tempfile.mkdtemp(prefix=f"npu-job-{sim}-", dir=BUILD_ROOT / "runs"))
-    np.save(job / "dram_in.npy", np.ascontiguousarray(dram, dtype=np.uint8))
-    (job / "job.json").write_text(json.dumps({
-        "prog_addr": int(prog_addr),
-        "prog_len": int(prog_len),
-        "timeout_cycles": timeout_cycles,
-    }))
+    specs = []
+    for index, (dram, prog_addr, prog_len) in enumerate(programs):
+        np.save(job / f"dram_in_{index}.npy", np.ascontiguousarray(dram, dtype=np.uint8))
+        specs.append({"prog_addr": int(prog_addr), "prog_len": int(prog_len)})
+    (job / "job.json").write_text(json.dumps({"programs": specs,
+                                              "timeout_cycles": timeout_cycles}))
     run_cocotb(config, sim, "sim.job", extra_env={"NPU_JOB": str(job)}, test_dir=job)
-    outcome = json.loads((job / "result.json").read_text())
-    dram_out = np.load(job / "dram_out.npy")
+    results = []
+    for index, outcome in enumerate(json.loads((job / "result.json").read_text())):
+        results.append(RunResult(
+            done=outcome["done"],
+            error_code=ErrorCode(outcome["error_code"]),
+            error_pc=outcome["error_pc"],
+            cycles=outcome["cycles"],
+            instructions=outcome["instructions"],
+            dram=np.load(job / f"dram_out_{index}.npy"),
+        ))
     shutil.rmtree(job)
-    return RunResult(
-        done=outcome["done"],
-        error_code=ErrorCode(outcome["error_code"]),
-        error_pc=outcome["error_pc"],
-        cycles=outcome["cycles"],
-        instructions=outcome["instructions"],
-        dram=dram_out,
-    )
+    return results
+
+
+def run_program(config, sim, dram, prog_addr, prog_len, *, timeout_cycles=None):
+    """Run one program on the RTL: the driver's ``verilator`` and ``icarus`` backends.
+
+    See :func:`run_programs`.
+    """
+    return run_programs(config, sim, [(dram, prog_addr, prog_len)],
+                        timeout_cycles=timeout_cycles)[0]

@@ -1,0 +1,67 @@
+# The NPU's entry points. `make test` is what CI runs; `make sim` is the demo.
+# Every target bootstraps the virtual environment (.venv) first.
+
+PYTHON  ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+NPU     := $(VENV)/bin/npu
+CONFIG  ?= 8x8
+JOBS    ?= auto
+STAMP   := $(VENV)/.installed
+
+.PHONY: all venv icarus sim test test-fast test-rtl test-full verilog lint trace clean distclean help
+
+all: test
+
+help:
+	@echo "make sim                 demo GEMM 64x100x100 on 8x8 under Verilator"
+	@echo "make test                the regression (unit, software and RTL tests)"
+	@echo "make test-full           the regression plus the broader RTL sweep"
+	@echo "make verilog CONFIG=RxC  write build/npu_RxC.v"
+	@echo "make lint CONFIG=RxC     verilator --lint-only on that Verilog"
+	@echo "make trace               the seeds' 2x2 trace, simulated"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+venv: $(STAMP) icarus
+
+# Icarus Verilog comes from Debian; install it when we may, say how when we may not.
+icarus:
+	@if ! command -v iverilog >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Installing Icarus Verilog (apt-get install -y iverilog)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog) >/dev/null; \
+	  else \
+	    echo "Icarus Verilog is missing: run 'sudo apt-get install -y iverilog' and try again." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+sim: venv
+	$(NPU) gemm --m 64 --k 100 --n 100 --config $(CONFIG) --sim verilator --seed 1
+
+test: venv
+	$(PY) -m pytest -n $(JOBS) -q
+
+test-full: venv
+	NPU_FULL=1 $(PY) -m pytest -n $(JOBS) -q
+
+verilog: venv
+	@mkdir -p build
+	$(NPU) verilog --config $(CONFIG) -o build/npu_$(CONFIG).v
+
+lint: verilog
+	$(PY) -c "import sim.toolchain as t; t.setup_verilator(); import os, sys; os.execvp('verilator', ['verilator', '--lint-only', '-Wno-fatal', 'build/npu_$(CONFIG).v', '--top-module', 'npu_top'])"
+
+trace: venv
+	$(NPU) trace
+
+clean:
+	rm -rf build sim_build results.xml .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info
