@@ -1,0 +1,159 @@
+"""Fast instruction encoding and decoding for the compiler and the model.
+
+:func:`hw.isa.encode` and :func:`hw.isa.decode` go through Amaranth constants and take about
+100 us per instruction: too slow for the half-million instructions of a ``K = MAX_K`` program
+on a 1x1 array. This module reads the offset and width of every field out of the very same
+:class:`hw.isa.Instruction` layout once, at import, and then packs and unpacks words with shifts
+and masks. No bit position is written down here, so the two cannot drift apart;
+``tb/test_isa.py`` checks that both agree bit for bit.
+
+Unlike :func:`hw.isa.encode`, :func:`encode` requires every field of the opcode and rejects a
+value that does not fit its field, instead of truncating it.
+"""
+
+import operator
+from dataclasses import dataclass
+
+from amaranth.lib import data
+
+from hw import isa
+from .errors import NPUTypeError, NPUValueError
+
+
+__all__ = ["FieldSpec", "FIELDS", "encode", "decode", "pack_words", "unpack_words"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Where one instruction field sits in the 128-bit word.
+
+    Attributes
+    ----------
+    name : str
+    offset : int
+        Bit offset of the least significant bit in the instruction word.
+    width : int
+        Width in bits.
+    """
+    name: str
+    offset: int
+    width: int
+
+    @property
+    def mask(self):
+        return (1 << self.width) - 1
+
+
+_INSTRUCTION = data.Layout.cast(isa.Instruction)
+_OPCODE = FieldSpec("opcode", _INSTRUCTION["opcode"].offset, _INSTRUCTION["opcode"].width)
+_ARGS_OFFSET = _INSTRUCTION["args"].offset
+_WORD_MASK = (1 << isa.INSTR_BITS) - 1
+
+
+def _argument_structs():
+    """The struct layouts that the ``args`` union can hold (skipping its raw bit view)."""
+    for _, member in _INSTRUCTION["args"].shape:
+        try:
+            layout = data.Layout.cast(member.shape)
+        except TypeError:
+            continue
+        if isinstance(layout, data.StructLayout):
+            yield layout
+
+
+def _fields_of(opcode):
+    # hw.isa.decode names the fields of each opcode; the matching struct gives their offsets.
+    _, fields = isa.decode(isa.encode(opcode))
+    if not fields:
+        return ()
+    for layout in _argument_structs():
+        if {name for name, _ in layout} == set(fields):
+            return tuple(FieldSpec(name, _ARGS_OFFSET + layout[name].offset, layout[name].width)
+                         for name in fields)
+    raise RuntimeError(f"no argument layout in hw.isa.Instruction has the fields of "
+                       f"{opcode.name}: {sorted(fields)}")
+
+
+#: The fields of each opcode, in layout order, with absolute bit offsets.
+FIELDS = {opcode: _fields_of(opcode) for opcode in isa.Opcode}
+_OPCODE_BY_VALUE = {opcode.value: opcode for opcode in isa.Opcode}
+# Plain tuples for the hot loops: attribute and property lookups dominate otherwise.
+_PACKING = {opcode: tuple((spec.name, spec.offset, spec.mask, spec.width) for spec in specs)
+            for opcode, specs in FIELDS.items()}
+_NAMES = {opcode: frozenset(spec.name for spec in specs) for opcode, specs in FIELDS.items()}
+
+
+def encode(opcode, **fields):
+    """Encode one instruction into its 128-bit integer.
+
+    Parameters
+    ----------
+    opcode : hw.isa.Opcode or int
+    **fields : int
+        Every field of that opcode (see :data:`FIELDS`), each within its field width.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    NPUValueError
+        On an unknown opcode, a missing or unknown field, or a value that does not fit.
+    NPUTypeError
+        On a field value that is not an integer.
+    """
+    if type(opcode) is not isa.Opcode:
+        try:
+            opcode = isa.Opcode(opcode)
+        except ValueError:
+            raise NPUValueError(f"opcode must be one of {[op.name for op in isa.Opcode]}, "
+                                f"not {opcode!r}") from None
+    expected = _NAMES[opcode]
+    if fields.keys() != expected:
+        missing = sorted(expected - set(fields))
+        unknown = sorted(set(fields) - expected)
+        raise NPUValueError(f"{opcode.name} takes the fields {sorted(expected)}; "
+                            f"missing {missing}, unknown {unknown}")
+    word = opcode.value << _OPCODE.offset
+    for name, offset, mask, width in _PACKING[opcode]:
+        try:
+            value = operator.index(fields[name])
+        except TypeError:
+            raise NPUTypeError(f"{opcode.name} field {name} must be an integer, "
+                               f"not {fields[name]!r}") from None
+        if not 0 <= value <= mask:
+            raise NPUValueError(f"{opcode.name} field {name} must be in 0..{mask} "
+                                f"({width} bits), not {value}")
+        word |= value << offset
+    return word
+
+
+def decode(word):
+    """Decode a 128-bit instruction word into ``(opcode, fields)``.
+
+    Returns the same as :func:`hw.isa.decode`: ``opcode`` is ``None`` for an illegal opcode,
+    and ``fields`` is then empty. The reserved byte is ignored, as the controller ignores it.
+    """
+    if not 0 <= word <= _WORD_MASK:
+        raise NPUValueError(f"an instruction word must be in 0..2**{isa.INSTR_BITS}-1, "
+                            f"not {word}")
+    opcode = _OPCODE_BY_VALUE.get((word >> _OPCODE.offset) & _OPCODE.mask)
+    if opcode is None:
+        return None, {}
+    return opcode, {name: (word >> offset) & mask for name, offset, mask, _ in _PACKING[opcode]}
+
+
+def pack_words(words):
+    """The bytes of a program as it sits in DRAM: each word little-endian in 16 bytes."""
+    return b"".join(word.to_bytes(isa.INSTR_BYTES, "little") for word in words)
+
+
+def unpack_words(image):
+    """The inverse of :func:`pack_words`."""
+    image = bytes(image)
+    if len(image) % isa.INSTR_BYTES:
+        raise NPUValueError(f"a program image must be a multiple of {isa.INSTR_BYTES} bytes, "
+                            f"not {len(image)}")
+    return [int.from_bytes(image[offset:offset + isa.INSTR_BYTES], "little")
+            for offset in range(0, len(image), isa.INSTR_BYTES)]

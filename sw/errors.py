@@ -1,0 +1,59 @@
+"""The exceptions of the NPU software stack.
+
+Everything the compiler, model, backend and driver raise on purpose derives from
+:class:`NPUError`, so a caller (the CLI, for one) can catch the project's own errors without
+also swallowing genuine bugs. Each class is also a subclass of the matching built-in
+(``TypeError``, ``ValueError``, ``RuntimeError``), so ``except ValueError`` keeps working.
+"""
+
+__all__ = [
+    "NPUError", "NPUTypeError", "NPUValueError", "PlanError", "NPURunError",
+    "BackendUnavailable",
+]
+
+
+class NPUError(Exception):
+    """Base class of every error the NPU software raises on purpose."""
+
+
+class NPUTypeError(NPUError, TypeError):
+    """An argument has the wrong type (for example a float matrix where INT8 is required)."""
+
+
+class NPUValueError(NPUError, ValueError):
+    """An argument has the right type but a value the NPU cannot take."""
+
+
+class PlanError(NPUValueError):
+    """The compiler cannot place a GEMM on the given configuration."""
+
+
+class NPURunError(NPUError, RuntimeError):
+    """A program stopped with an error instead of reaching ``END``.
+
+    Parameters
+    ----------
+    error_code : hw.isa.ErrorCode
+        Why the program stopped.
+    error_pc : int
+        Index of the instruction that failed.
+    message : str, optional
+        Text to use instead of the default one.
+
+    Attributes
+    ----------
+    error_code : hw.isa.ErrorCode
+    error_pc : int
+    """
+
+    def __init__(self, error_code, error_pc, message=None):
+        self.error_code = error_code
+        self.error_pc = error_pc
+        if message is None:
+            message = (f"the NPU program stopped with error {error_code.name} "
+                       f"at instruction {error_pc}")
+        super().__init__(message)
+
+
+class BackendUnavailable(NPUError, RuntimeError):
+    """A simulator backend (or another optional part such as ``hw.top``) is not installed."""

@@ -1,0 +1,234 @@
+"""An instruction-level model of the NPU: the reference the RTL is compared against.
+
+Each instruction is executed as a handful of numpy operations on whole blocks, so a program of
+several hundred thousand instructions (a ``K = MAX_K`` GEMM on a 1x1 array) runs in seconds.
+The model has no clock; :attr:`RunResult.cycles` is ``None``.
+
+Semantics, in the order the checks are made (the RTL makes the same checks in the same order):
+
+* The program must start 16-byte aligned with ``prog_len > 0`` (else ``PROGRAM`` at pc 0);
+  instruction ``pc`` is fetched from ``prog_addr + 16 * pc``. Reaching ``pc == prog_len``
+  without ``END`` is ``PROGRAM`` at ``pc``; a fetch outside the DRAM is ``BUS_READ``; an opcode
+  outside :class:`hw.isa.Opcode` is ``ILLEGAL_OPCODE``.
+* ``LOAD_SPAD`` / ``LOAD_ACC``: ``BAD_LENGTH``, ``SPAD_RANGE`` / ``ACC_RANGE``, ``DRAM_RANGE``,
+  ``BUS_READ``. Local row ``local_addr + r`` receives ``row_bytes`` bytes from
+  ``dram_addr + r * dram_stride`` in its low bytes and zeros in the rest.
+* ``PRELOAD``: ``SPAD_RANGE``. Weight row ``i`` is scratchpad row ``spad_addr + i``, lanes
+  ``0 .. C-1``, as INT8.
+* ``MATMUL``: ``BAD_LENGTH``, ``SPAD_RANGE``, ``ACC_RANGE``. Accumulator row ``acc_addr + t``
+  receives (or adds, wrapping in INT32) activation row ``spad_addr + t`` (lanes ``0 .. R-1``)
+  times the weights.
+* ``STORE``: ``BAD_LENGTH``, ``ACC_RANGE``, ``DRAM_RANGE``, ``BUS_WRITE``. The first
+  ``row_bytes`` bytes of accumulator row ``acc_addr + r`` go to ``dram_addr + r * dram_stride``;
+  rows are written in order, so where rows overlap the later one wins.
+
+A DMA instruction that would touch any byte outside the DRAM fails before it moves anything:
+the model leaves the DRAM untouched by a failing ``STORE``. (The RTL may already have written
+the rows before the failing one; after an error the DRAM bytes in the failing ``STORE``'s range
+are therefore not part of the contract.)
+"""
+
+import numpy as np
+
+from hw.isa import ErrorCode, INSTR_BYTES, Opcode
+from . import codec
+from .backend import RunResult
+from .errors import NPUTypeError, NPUValueError
+
+
+__all__ = ["ModelNPU"]
+
+
+_ADDRESS_SPACE = 1 << 32
+
+
+class _Fault(Exception):
+    """Raised by an instruction handler to stop the program with an error code."""
+
+    def __init__(self, error_code):
+        self.error_code = error_code
+
+
+def _check_block(dram_size, dram_addr, rows, row_bytes, dram_stride, bus_error):
+    """Check a strided DRAM block; return the end address (one past its highest byte)."""
+    # The stride is unsigned, so the last row is always the highest one.
+    end = dram_addr + (rows - 1) * dram_stride + row_bytes
+    if end > _ADDRESS_SPACE:
+        raise _Fault(ErrorCode.DRAM_RANGE)
+    if end > dram_size:
+        raise _Fault(bus_error)
+    return end
+
+
+def _block_view(dram, dram_addr, rows, row_bytes, dram_stride, writeable):
+    """A ``rows x row_bytes`` view of a strided block that is known to lie inside ``dram``."""
+    if rows == 1 or dram_stride == row_bytes:
+        # The common contiguous case; as_strided costs more than the copy for small blocks.
+        return dram[dram_addr:dram_addr + rows * row_bytes].reshape(rows, row_bytes)
+    return np.lib.stride_tricks.as_strided(
+        dram[dram_addr:], shape=(rows, row_bytes), strides=(dram_stride, 1),
+        writeable=writeable)
+
+
+class ModelNPU:
+    """Instruction-level simulator of one NPU instance.
+
+    Parameters
+    ----------
+    config : hw.config.NPUConfig
+        The instance to model.
+
+    Attributes
+    ----------
+    config : hw.config.NPUConfig
+    spad : numpy.ndarray
+        Scratchpad, ``uint8`` of shape ``(spad_depth, spad_row_bytes)``.
+    acc : numpy.ndarray
+        Accumulator, little-endian ``int32`` of shape ``(acc_depth, cols)``.
+    weights : numpy.ndarray
+        The weights the array holds, ``int8`` of shape ``(rows, cols)``.
+    """
+
+    def __init__(self, config):
+        from hw.config import NPUConfig
+        if not isinstance(config, NPUConfig):
+            raise NPUTypeError(f"config must be an NPUConfig, not {config!r}")
+        self.config = config
+        self._handlers = {
+            Opcode.LOAD_SPAD: self._load_spad,
+            Opcode.LOAD_ACC:  self._load_acc,
+            Opcode.PRELOAD:   self._preload,
+            Opcode.MATMUL:    self._matmul,
+            Opcode.STORE:     self._store,
+        }
+        self.reset()
+
+    def reset(self):
+        """Return to the reset state: every memory and the weights zero."""
+        config = self.config
+        self.spad = np.zeros((config.spad_depth, config.spad_row_bytes), dtype=np.uint8)
+        self.acc = np.zeros((config.acc_depth, config.cols), dtype="<i4")
+        self.weights = np.zeros((config.rows, config.cols), dtype=np.int8)
+
+    def run(self, dram, prog_addr, prog_len):
+        """Reset, then run the program at ``prog_addr`` until ``END`` or an error.
+
+        Parameters
+        ----------
+        dram : numpy.ndarray
+            Initial DRAM contents, ``uint8`` in one dimension, at most 4 GiB. Not modified:
+            the model works on a copy, returned in :attr:`RunResult.dram`.
+        prog_addr : int
+            Byte address of instruction 0.
+        prog_len : int
+            Maximum number of instructions.
+
+        Returns
+        -------
+        RunResult
+            With ``cycles = None``.
+        """
+        if not isinstance(dram, np.ndarray) or dram.dtype != np.uint8 or dram.ndim != 1:
+            raise NPUTypeError(f"dram must be a one-dimensional numpy array of uint8, not "
+                               f"{getattr(dram, 'dtype', type(dram).__name__)} of shape "
+                               f"{getattr(dram, 'shape', None)}")
+        if dram.size > _ADDRESS_SPACE:
+            raise NPUValueError(f"dram must be at most 2**32 bytes, not {dram.size}")
+        for name, value in (("prog_addr", prog_addr), ("prog_len", prog_len)):
+            if not isinstance(value, (int, np.integer)) or not 0 <= value < _ADDRESS_SPACE:
+                raise NPUValueError(f"{name} must be an integer in 0..2**32-1, not {value!r}")
+        prog_addr, prog_len = int(prog_addr), int(prog_len)
+
+        self.reset()
+        dram = dram.copy()
+
+        def stopped(error_code, error_pc):
+            return RunResult(done=False, error_code=error_code, error_pc=error_pc,
+                             cycles=None, instructions=error_pc, dram=dram)
+
+        if prog_addr % INSTR_BYTES or prog_len == 0:
+            return stopped(ErrorCode.PROGRAM, 0)
+        pc = 0
+        while True:
+            if pc == prog_len:
+                return stopped(ErrorCode.PROGRAM, pc)
+            fetch_addr = prog_addr + INSTR_BYTES * pc
+            if fetch_addr + INSTR_BYTES > dram.size:
+                return stopped(ErrorCode.BUS_READ, pc)
+            # Fetch from the DRAM as it is now, so that a STORE over the program is seen.
+            word = int.from_bytes(dram[fetch_addr:fetch_addr + INSTR_BYTES].tobytes(), "little")
+            opcode, fields = codec.decode(word)
+            if opcode is None:
+                return stopped(ErrorCode.ILLEGAL_OPCODE, pc)
+            if opcode is Opcode.END:
+                return RunResult(done=True, error_code=ErrorCode.NONE, error_pc=0,
+                                 cycles=None, instructions=pc + 1, dram=dram)
+            try:
+                self._handlers[opcode](dram, **fields)
+            except _Fault as fault:
+                return stopped(fault.error_code, pc)
+            pc += 1
+
+    # Instruction handlers. Each checks its operands in the documented order and raises _Fault.
+
+    def _load(self, dram, local, range_error, row_width, local_addr, rows, row_bytes,
+              dram_addr, dram_stride):
+        if rows == 0 or row_bytes == 0 or row_bytes > row_width:
+            raise _Fault(ErrorCode.BAD_LENGTH)
+        if local_addr + rows > local.shape[0]:
+            raise _Fault(range_error)
+        _check_block(dram.size, dram_addr, rows, row_bytes, dram_stride, ErrorCode.BUS_READ)
+        block = _block_view(dram, dram_addr, rows, row_bytes, dram_stride, writeable=False)
+        local[local_addr:local_addr + rows, :row_bytes] = block
+        local[local_addr:local_addr + rows, row_bytes:] = 0
+
+    def _load_spad(self, dram, **fields):
+        self._load(dram, self.spad, ErrorCode.SPAD_RANGE, self.config.spad_row_bytes,
+                   **fields)
+
+    def _load_acc(self, dram, **fields):
+        # Viewing the little-endian INT32 rows as bytes makes lane j bytes 4j .. 4j+3.
+        self._load(dram, self.acc.view(np.uint8), ErrorCode.ACC_RANGE,
+                   self.config.acc_row_bytes, **fields)
+
+    def _preload(self, dram, spad_addr):
+        rows, cols = self.config.rows, self.config.cols
+        if spad_addr + rows > self.config.spad_depth:
+            raise _Fault(ErrorCode.SPAD_RANGE)
+        self.weights = self.spad[spad_addr:spad_addr + rows, :cols].view(np.int8).copy()
+
+    def _matmul(self, dram, spad_addr, acc_addr, rows, accumulate):
+        config = self.config
+        if rows == 0:
+            raise _Fault(ErrorCode.BAD_LENGTH)
+        if spad_addr + rows > config.spad_depth:
+            raise _Fault(ErrorCode.SPAD_RANGE)
+        if acc_addr + rows > config.acc_depth:
+            raise _Fault(ErrorCode.ACC_RANGE)
+        activations = self.spad[spad_addr:spad_addr + rows, :config.rows].view(np.int8)
+        # A float64 product is exact here and uses BLAS: every partial sum is at most
+        # R * 128 * 128 <= 2**22 in magnitude, far inside the 53-bit mantissa.
+        products = (activations.astype(np.float64) @ self.weights.astype(np.float64))
+        products = products.astype(np.int32)
+        target = self.acc[acc_addr:acc_addr + rows]
+        if accumulate:
+            target += products  # numpy INT32 addition wraps around, as the hardware does
+        else:
+            target[...] = products
+
+    def _store(self, dram, acc_addr, rows, row_bytes, dram_addr, dram_stride):
+        config = self.config
+        if rows == 0 or row_bytes == 0 or row_bytes % 4 or row_bytes > config.acc_row_bytes:
+            raise _Fault(ErrorCode.BAD_LENGTH)
+        if acc_addr + rows > config.acc_depth:
+            raise _Fault(ErrorCode.ACC_RANGE)
+        _check_block(dram.size, dram_addr, rows, row_bytes, dram_stride, ErrorCode.BUS_WRITE)
+        source = self.acc[acc_addr:acc_addr + rows].view(np.uint8)[:, :row_bytes]
+        if dram_stride >= row_bytes or rows == 1:
+            _block_view(dram, dram_addr, rows, row_bytes, dram_stride, writeable=True)[...] = \
+                source
+        else:
+            # Overlapping rows: write them one by one so that the later row wins, in order.
+            for row in range(rows):
+                start = dram_addr + row * dram_stride
+                dram[start:start + row_bytes] = source[row]

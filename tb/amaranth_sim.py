@@ -1,0 +1,289 @@
+"""Shared helpers of the Amaranth-simulator unit tests: running a simulation, an AXI4 slave
+memory model and an AXI4-Lite master.
+
+Waveforms are written only when the environment has ``WAVES=1``, to ``build/waves/``.
+Every bus model here decides a handshake from the values sampled *at* the clock edge
+(``ctx.tick().sample(...)``), so it does not matter in which order testbenches run between
+two edges.
+"""
+
+import os
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+from amaranth.sim import Simulator
+
+from hw.axi import Burst, Resp
+
+
+__all__ = ["run_simulation", "wrap32", "AXI4MemoryModel", "axil_read", "axil_write"]
+
+
+WAVES_DIR = Path(__file__).resolve().parent.parent / "build" / "waves"
+
+
+def run_simulation(dut, *testbenches, processes=(), vcd_name=None):
+    """Simulate ``dut`` with a 1 MHz ``sync`` clock until every testbench has returned.
+
+    ``processes`` are background async processes (bus models) that run as long as the
+    testbenches do. An exception in any of them fails the simulation.
+    """
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    for testbench in testbenches:
+        sim.add_testbench(testbench)
+    for process in processes:
+        sim.add_process(process)
+    if os.environ.get("WAVES") == "1":
+        WAVES_DIR.mkdir(parents=True, exist_ok=True)
+        path = WAVES_DIR / f"{vcd_name or type(dut).__name__}.vcd"
+        with sim.write_vcd(str(path)):
+            sim.run()
+    else:
+        sim.run()
+
+
+def wrap32(value):
+    """``value`` wrapped to a signed 32-bit integer, as an INT32 adder wraps."""
+    value &= 0xFFFF_FFFF
+    return value - (1 << 32) if value & 0x8000_0000 else value
+
+
+class AXI4MemoryModel:
+    """A byte-addressed AXI4 slave (the whole 32-bit space) for the Amaranth simulator.
+
+    Answers AR/R and AW/W/B with random ``ready``/``valid`` stalls and a random latency
+    between an accepted address and its first data beat (read) or response (write). It also
+    checks what the DMA promises, raising ``AssertionError`` (which fails the simulation) on:
+    a burst that is not INCR, not full-width, not bus-aligned, longer than 256 beats or across
+    a 4 KiB boundary; a ``valid`` that drops or a payload that changes before its handshake;
+    W data before its AW was accepted; ``wlast`` anywhere but on the last beat of a burst.
+
+    Bytes never written read as a fixed pseudo-random function of their address.
+
+    Parameters
+    ----------
+    bus : the DUT's AXI4 manager interface (``AXI4Signature`` members).
+    data_width : int
+    seed : int
+        Seed of the stall and latency choices; tests put it in their assertion messages.
+    ready_probability : float
+        Chance that a ``ready`` or a new ``rvalid``/``bvalid`` is offered in a cycle.
+    max_latency : int
+        Largest number of cycles between an address and its first data beat or response.
+    read_errors, write_errors : sequence of ``(start, end, Resp)``
+        Byte ranges ``[start, end)``: a read beat or write burst that touches one is answered
+        with that response (and an erroneous write burst leaves memory unchanged).
+    """
+    def __init__(self, bus, *, data_width, seed, ready_probability=0.7, max_latency=4,
+                 read_errors=(), write_errors=()):
+        self.bus = bus
+        self.bus_bytes = data_width // 8
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.ready_probability = ready_probability
+        self.max_latency = max_latency
+        self.read_errors = list(read_errors)
+        self.write_errors = list(write_errors)
+        self.memory = {}
+        #: Every byte the DUT wrote, address -> last value.
+        self.written = {}
+        #: ``(addr, beats)`` of every accepted read and write burst.
+        self.read_bursts = []
+        self.write_bursts = []
+        self._ar = deque()   # accepted read bursts: [addr, beats, next_beat, ready_cycle]
+        self._aw = deque()   # accepted write bursts awaiting data: [addr, beats, next_beat, resp]
+        self._b = deque()    # write responses: [resp, ready_cycle]
+
+    # ------------------------------------------------------------------ memory contents
+    @staticmethod
+    def background(addr):
+        """The value of a byte that was never written."""
+        return ((addr * 0x9E3779B1) >> 11) & 0xFF
+
+    def load(self, addr, data):
+        """Put ``data`` (bytes) at ``addr`` without going through the bus."""
+        for index, value in enumerate(bytes(data)):
+            self.memory[(addr + index) & 0xFFFF_FFFF] = value
+
+    def peek(self, addr, length):
+        """``length`` bytes at ``addr``, as the bus would read them."""
+        return bytes(self.memory.get((addr + index) & 0xFFFF_FFFF,
+                                     self.background((addr + index) & 0xFFFF_FFFF))
+                     for index in range(length))
+
+    @property
+    def idle(self):
+        """No burst is waiting for data or a response."""
+        return not self._ar and not self._aw and not self._b
+
+    def _response(self, ranges, start, length, default=Resp.OKAY):
+        for lo, hi, resp in ranges:
+            if start < hi and lo < start + length:
+                return resp
+        return default
+
+    def _chance(self):
+        return self.rng.random() < self.ready_probability
+
+    def _latency(self):
+        return int(self.rng.integers(0, self.max_latency + 1))
+
+    # ------------------------------------------------------------------ the process
+    def _check_burst(self, kind, addr, length, size, burst):
+        beats = length + 1
+        where = f"{kind} burst at {addr:#x} of {beats} beats (seed {self.seed})"
+        assert burst == Burst.INCR.value, f"{where}: burst type {burst}, not INCR"
+        assert 1 << size == self.bus_bytes, f"{where}: size {size} is not the full bus width"
+        assert addr % self.bus_bytes == 0, f"{where}: not aligned to the bus width"
+        assert beats <= 256, f"{where}: longer than 256 beats"
+        assert addr % 4096 + beats * self.bus_bytes <= 4096, f"{where}: crosses 4 KiB"
+        return beats
+
+    async def process(self, ctx):
+        bus = self.bus
+        bus_bytes = self.bus_bytes
+        sampled = (bus.arvalid, bus.araddr, bus.arlen, bus.arsize, bus.arburst, bus.rready,
+                   bus.awvalid, bus.awaddr, bus.awlen, bus.awsize, bus.awburst,
+                   bus.wvalid, bus.wdata, bus.wstrb, bus.wlast, bus.bready)
+        cycle = 0
+        r_beat = None       # (data, resp, last) offered on R until taken
+        b_resp = None       # resp offered on B until taken
+        held_ar = held_aw = held_w = None   # payloads that were valid but not yet accepted
+        while True:
+            arready, awready, wready = self._chance(), self._chance(), self._chance()
+            if r_beat is None and self._ar and self._ar[0][3] <= cycle and self._chance():
+                addr, beats, beat, _ = self._ar[0]
+                beat_addr = addr + beat * bus_bytes
+                data = int.from_bytes(self.peek(beat_addr, bus_bytes), "little")
+                resp = self._response(self.read_errors, beat_addr, bus_bytes)
+                r_beat = (data, resp, beat == beats - 1)
+            if b_resp is None and self._b and self._b[0][1] <= cycle and self._chance():
+                b_resp = self._b[0][0]
+            ctx.set(bus.arready, arready)
+            ctx.set(bus.awready, awready)
+            ctx.set(bus.wready, wready)
+            ctx.set(bus.rvalid, r_beat is not None)
+            ctx.set(bus.rdata, r_beat[0] if r_beat else 0)
+            ctx.set(bus.rresp, r_beat[1].value if r_beat else 0)
+            ctx.set(bus.rlast, r_beat[2] if r_beat else 0)
+            ctx.set(bus.bvalid, b_resp is not None)
+            ctx.set(bus.bresp, b_resp.value if b_resp is not None else 0)
+
+            (_, _, arvalid, araddr, arlen, arsize, arburst, rready,
+             awvalid, awaddr, awlen, awsize, awburst,
+             wvalid, wdata, wstrb, wlast, bready) = await ctx.tick().sample(*sampled)
+            cycle += 1
+
+            # A valid that is not accepted must stay, with the same payload.
+            ar_now = (araddr, arlen, arsize, arburst) if arvalid else None
+            aw_now = (awaddr, awlen, awsize, awburst) if awvalid else None
+            w_now = (wdata, wstrb, wlast) if wvalid else None
+            for name, held, now in (("AR", held_ar, ar_now), ("AW", held_aw, aw_now),
+                                    ("W", held_w, w_now)):
+                assert held is None or held == now, \
+                    f"{name} valid dropped or payload changed before its handshake: " \
+                    f"{held} then {now} (cycle {cycle}, seed {self.seed})"
+
+            # W data only for a burst whose address was accepted at an earlier edge.
+            if wvalid:
+                assert self._aw, f"W beat before its AW was accepted (cycle {cycle}, " \
+                                 f"seed {self.seed})"
+            if wvalid and wready:
+                burst = self._aw[0]
+                addr, beats, beat, resp = burst
+                assert bool(wlast) == (beat == beats - 1), \
+                    f"wlast={wlast} on beat {beat} of a {beats}-beat burst at {addr:#x} " \
+                    f"(seed {self.seed})"
+                beat_addr = addr + beat * bus_bytes
+                if resp == Resp.OKAY:
+                    for lane in range(bus_bytes):
+                        if wstrb >> lane & 1:
+                            value = wdata >> (8 * lane) & 0xFF
+                            self.memory[beat_addr + lane] = value
+                            self.written[beat_addr + lane] = value
+                burst[2] += 1
+                if burst[2] == beats:
+                    self._aw.popleft()
+                    self._b.append([resp, cycle + self._latency()])
+            held_w = w_now if wvalid and not wready else None
+
+            if arvalid and arready:
+                beats = self._check_burst("read", araddr, arlen, arsize, arburst)
+                self.read_bursts.append((araddr, beats))
+                self._ar.append([araddr, beats, 0, cycle + self._latency()])
+            held_ar = ar_now if arvalid and not arready else None
+
+            if awvalid and awready:
+                beats = self._check_burst("write", awaddr, awlen, awsize, awburst)
+                self.write_bursts.append((awaddr, beats))
+                resp = self._response(self.write_errors, awaddr, beats * bus_bytes)
+                self._aw.append([awaddr, beats, 0, resp])
+            held_aw = aw_now if awvalid and not awready else None
+
+            if r_beat is not None and rready:
+                burst = self._ar[0]
+                burst[2] += 1
+                if burst[2] == burst[1]:
+                    self._ar.popleft()
+                r_beat = None
+            if b_resp is not None and bready:
+                self._b.popleft()
+                b_resp = None
+
+
+# ---------------------------------------------------------------------- AXI4-Lite master
+async def axil_write(ctx, bus, addr, value, *, strobe=0xF, aw_delay=0, w_delay=0, timeout=64):
+    """Write one 32-bit register through an AXI4-Lite slave port; returns ``bresp``.
+
+    ``aw_delay`` / ``w_delay`` hold back the address or the data by that many cycles.
+    """
+    ctx.set(bus.bready, 1)
+    aw_done = w_done = False
+    for cycle in range(timeout):
+        if not aw_done and cycle >= aw_delay:
+            ctx.set(bus.awaddr, addr)
+            ctx.set(bus.awvalid, 1)
+        if not w_done and cycle >= w_delay:
+            ctx.set(bus.wdata, value)
+            ctx.set(bus.wstrb, strobe)
+            ctx.set(bus.wvalid, 1)
+        _, _, awvalid, awready, wvalid, wready = await ctx.tick().sample(
+            bus.awvalid, bus.awready, bus.wvalid, bus.wready)
+        if awvalid and awready:
+            aw_done = True
+            ctx.set(bus.awvalid, 0)
+        if wvalid and wready:
+            w_done = True
+            ctx.set(bus.wvalid, 0)
+        if aw_done and w_done:
+            break
+    else:
+        raise AssertionError(f"AXI4-Lite write of {addr:#x} not accepted in {timeout} cycles")
+    for _ in range(timeout):
+        _, _, bvalid, bresp = await ctx.tick().sample(bus.bvalid, bus.bresp)
+        if bvalid:
+            return bresp
+    raise AssertionError(f"AXI4-Lite write of {addr:#x} got no response in {timeout} cycles")
+
+
+async def axil_read(ctx, bus, addr, *, timeout=64, expect_resp=Resp.OKAY):
+    """Read one 32-bit register through an AXI4-Lite slave port."""
+    ctx.set(bus.araddr, addr)
+    ctx.set(bus.arvalid, 1)
+    ctx.set(bus.rready, 1)
+    for _ in range(timeout):
+        _, _, arready = await ctx.tick().sample(bus.arready)
+        if arready:
+            break
+    else:
+        raise AssertionError(f"AXI4-Lite read of {addr:#x} not accepted in {timeout} cycles")
+    ctx.set(bus.arvalid, 0)
+    for _ in range(timeout):
+        _, _, rvalid, rdata, rresp = await ctx.tick().sample(bus.rvalid, bus.rdata, bus.rresp)
+        if rvalid:
+            assert rresp == expect_resp.value, \
+                f"AXI4-Lite read of {addr:#x} answered {Resp(rresp).name}"
+            return rdata
+    raise AssertionError(f"AXI4-Lite read of {addr:#x} got no data in {timeout} cycles")

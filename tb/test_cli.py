@@ -1,0 +1,282 @@
+"""The ``npu`` command line, run in-process on the model backend."""
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from hw.config import MAX_K
+from sw import backend
+from sw.cli import main
+from sw.driver import reference_gemm
+
+
+def one_at_a_time(run_program):
+    """A stand-in for ``backend.run_programs`` built from a one-program function."""
+    return lambda config, sim, programs: [run_program(config, sim, *program)
+                                          for program in programs]
+
+
+JSON_KEYS = {"m", "k", "n", "rows", "cols", "sim", "bit_exact", "cycles", "macs",
+             "utilization", "weight_tiles", "seed", "instructions"}
+
+
+def run_cli(capsys, *argv):
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def assert_one_line_error(status, out, err, expected_status=2, match=None):
+    assert status == expected_status
+    assert out == ""
+    assert err.startswith("npu: error: ") and err.endswith("\n")
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    if match is not None:
+        assert match in err, err
+
+
+# gemm -----------------------------------------------------------------------------------------
+
+def test_gemm_json(capsys):
+    status, out, err = run_cli(capsys, "gemm", "--m", "13", "--k", "29", "--n", "7",
+                               "--config", "3x5", "--sim", "model", "--seed", "4", "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert JSON_KEYS <= set(report)
+    assert (report["m"], report["k"], report["n"]) == (13, 29, 7)
+    assert (report["rows"], report["cols"]) == (3, 5)
+    assert report["sim"] == "model" and report["seed"] == 4
+    assert report["bit_exact"] is True
+    assert report["macs"] == 13 * 29 * 7
+    assert report["cycles"] is None and report["utilization"] is None
+    assert report["weight_tiles"] == 10 * 2
+    assert report["instructions"] > 0
+    assert out.count("\n") == 1          # exactly one JSON object
+
+
+def test_gemm_is_reproducible_from_seed(tmp_path, capsys):
+    results = []
+    for run_index, seed in enumerate(("1", "1", "2")):
+        out_path = tmp_path / f"c{run_index}.npy"
+        status, _, err = run_cli(capsys, "gemm", "--m", "5", "--k", "5", "--n", "5",
+                                 "--sim", "model", "--seed", seed, "--out", str(out_path))
+        assert status == 0, err
+        results.append(np.load(out_path))
+    assert np.array_equal(results[0], results[1])
+    assert not np.array_equal(results[0], results[2])
+
+
+def test_gemm_random_values_cover_int8_range(tmp_path, capsys):
+    out_path = tmp_path / "c.npy"
+    status, _, err = run_cli(capsys, "gemm", "--m", "64", "--k", "64", "--n", "1",
+                             "--sim", "model", "--seed", "0", "--out", str(out_path))
+    assert status == 0, err
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 127, size=(64, 64), dtype=np.int8, endpoint=True)
+    b = rng.integers(-128, 127, size=(64, 1), dtype=np.int8, endpoint=True)
+    assert a.min() == -128 and a.max() == 127
+    assert np.array_equal(np.load(out_path), reference_gemm(a, b))
+
+
+def test_gemm_readable_summary(capsys):
+    status, out, err = run_cli(capsys, "gemm", "--m", "20", "--k", "17", "--n", "9",
+                               "--sim", "model", "--config", "4x4")
+    assert status == 0, err
+    assert err == ""
+    for text in ("20x17 @ 17x9", "config 4x4", "sim model", "bit-exact: yes", "cycles:",
+                 "utilization:", "15 weight tiles"):
+        assert text in out, out
+
+
+def test_gemm_memory_depth_options(capsys):
+    status, out, err = run_cli(capsys, "gemm", "--m", "10", "--k", "3", "--n", "3",
+                               "--config", "2x2", "--acc-depth", "4", "--spad-depth", "64",
+                               "--sim", "model", "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert (report["m_blocks"], report["block_rows"], report["acc_depth"]) == (3, 4, 4)
+
+
+def test_gemm_user_matrices_round_trip(tmp_path, capsys):
+    seed = 77
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-128, 128, size=(11, 19), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(19, 23), dtype=np.int8)
+    a[0, 0] = b[0, 0] = -128
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out_path = tmp_path / "c.npy"
+    status, out, err = run_cli(capsys, "gemm", "--a", str(tmp_path / "a.npy"),
+                               "--b", str(tmp_path / "b.npy"), "--out", str(out_path),
+                               "--sim", "model", "--config", "8x8", "--json")
+    print(f"seed {seed}")   # after the run: capsys would otherwise mix it into the JSON
+    assert status == 0, err
+    report = json.loads(out)
+    assert (report["m"], report["k"], report["n"]) == (11, 19, 23)
+    assert report["seed"] is None and report["bit_exact"] is True
+    c = np.load(out_path)
+    assert c.dtype == np.int32
+    assert np.array_equal(c, reference_gemm(a, b))
+
+
+def test_gemm_not_bit_exact_exits_1(monkeypatch, capsys):
+    run_on_model = backend.run_program
+
+    def corrupting_run_program(config, sim, dram, prog_addr, prog_len):
+        result = run_on_model(config, "model", dram, prog_addr, prog_len)
+        result.dram ^= 1               # flips the lowest bit of every element of C
+        result.cycles = 500
+        return result
+
+    monkeypatch.setattr(backend, "run_programs", one_at_a_time(corrupting_run_program))
+    status, out, err = run_cli(capsys, "gemm", "--m", "3", "--k", "3", "--n", "3",
+                               "--sim", "verilator", "--json")
+    assert status == 1
+    report = json.loads(out)
+    assert report["bit_exact"] is False and report["mismatches"] > 0
+    assert report["cycles"] == 500
+    assert report["utilization"] == 27 / (500 * 64)
+    assert err.startswith("npu: error: the result differs") and err.count("\n") == 1
+
+
+def test_gemm_program_error_exits_1(monkeypatch, capsys):
+    from hw.isa import ErrorCode
+
+    def failing_run_program(config, sim, dram, prog_addr, prog_len):
+        return backend.RunResult(done=False, error_code=ErrorCode.ACC_RANGE, error_pc=3,
+                                 cycles=10, instructions=3, dram=dram)
+
+    monkeypatch.setattr(backend, "run_programs", one_at_a_time(failing_run_program))
+    status, out, err = run_cli(capsys, "gemm", "--m", "2", "--k", "2", "--n", "2")
+    assert_one_line_error(status, out, err, 1, "ACC_RANGE at instruction 3")
+
+
+def test_missing_rtl_backend_exits_1(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sim.runner", None)
+    status, out, err = run_cli(capsys, "gemm", "--m", "2", "--k", "2", "--n", "2",
+                               "--sim", "icarus")
+    assert_one_line_error(status, out, err, 1, "not available")
+
+
+# Bad input ------------------------------------------------------------------------------------
+
+def save(tmp_path, name, array):
+    path = tmp_path / name
+    np.save(path, array)
+    return str(path)
+
+
+GOOD_B_SHAPE = (3, 4)
+
+
+@pytest.mark.parametrize("a_value, b_value, match", [
+    (np.ones((2, 3), np.float32), np.ones(GOOD_B_SHAPE, np.int8), "A must have dtype int8"),
+    (np.ones((2, 3), np.int8), np.ones(GOOD_B_SHAPE, np.int16), "B must have dtype int8"),
+    (np.ones((2, 3), np.bool_), np.ones(GOOD_B_SHAPE, np.int8), "not bool"),
+    (np.ones((2, 5), np.int8), np.ones(GOOD_B_SHAPE, np.int8), "A is 2x5 and B is 3x4"),
+    (np.ones((0, 3), np.int8), np.ones(GOOD_B_SHAPE, np.int8), "must not be empty"),
+    (np.ones(3, np.int8), np.ones(GOOD_B_SHAPE, np.int8), "two-dimensional"),
+    (np.ones((1, MAX_K + 1), np.int8), np.ones((MAX_K + 1, 1), np.int8), "MAX_K"),
+])
+def test_bad_matrices(tmp_path, capsys, a_value, b_value, match):
+    status, out, err = run_cli(capsys, "gemm", "--a", save(tmp_path, "a.npy", a_value),
+                               "--b", save(tmp_path, "b.npy", b_value), "--sim", "model")
+    assert_one_line_error(status, out, err, 2, match)
+
+
+def test_bad_files(tmp_path, capsys):
+    good = save(tmp_path, "good.npy", np.ones((2, 2), np.int8))
+    text = tmp_path / "text.npy"
+    text.write_text("this is not\nan npy file\n")
+    archive = tmp_path / "archive.npz"
+    np.savez(archive, a=np.ones((2, 2), np.int8))
+    objects = save(tmp_path, "objects.npy", np.array([[None, 1]], dtype=object))
+    truncated = tmp_path / "truncated.npy"
+    truncated.write_bytes(open(good, "rb").read()[:-2])
+    for path, match in [(tmp_path / "missing.npy", "no such file"),
+                        (text, "not a valid .npy file"),
+                        (archive, "not a .npy file"),
+                        (objects, "not a valid .npy file"),
+                        (truncated, "not a valid .npy file"),
+                        (tmp_path, "not a valid .npy file")]:
+        status, out, err = run_cli(capsys, "gemm", "--a", str(path), "--b", good,
+                                   "--sim", "model")
+        assert_one_line_error(status, out, err, 2, match)
+        assert str(path) in err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["gemm", "--m", "0", "--k", "1", "--n", "1"], "--m: must be a positive integer"),
+    (["gemm", "--m", "1", "--k", "-1", "--n", "1"], "--k: must be a positive integer"),
+    (["gemm", "--m", "x", "--k", "1", "--n", "1"], "--m: 'x' is not an integer"),
+    (["gemm", "--m", "1", "--k", "1", "--n", "1", "--config", "8"], "RxC"),
+    (["gemm", "--m", "1", "--k", "1", "--n", "1", "--config", "0x4"], "RxC"),
+    (["gemm", "--m", "1", "--k", "1", "--n", "1", "--config", "300x1"], "at most 256"),
+    (["gemm", "--m", "1", "--k", "1", "--n", "1", "--spad-depth", "4"], "spad_depth"),
+    (["gemm", "--m", "1", "--k", "1", "--n", "1", "--spad-depth", "8", "--sim", "model"],
+     "cannot hold a weight tile"),
+    (["gemm", "--m", "1", "--k", str(MAX_K + 1), "--n", "1", "--sim", "model"], "MAX_K"),
+    (["gemm", "--m", "1", "--k", "1"], "--m, --k and --n are required"),
+    (["gemm", "--m", "1", "--k", "1", "--n", "1", "--seed", "-1"], "non-negative"),
+    (["gemm", "--m", "1", "--k", "1", "--n", "1", "--sim", "spice"], "invalid choice"),
+    (["gemm", "--a", "a.npy"], "--a and --b must be given together"),
+    (["gemm", "--a", "a.npy", "--b", "b.npy", "--m", "2"], "cannot be combined"),
+    (["gemm", "--bogus"], "unrecognized arguments"),
+    (["verilog", "--config", "8x8"], "-o"),
+    ([], "required: command"),
+    (["fly"], "invalid choice"),
+])
+def test_bad_arguments(capsys, argv, match):
+    status, out, err = run_cli(capsys, *argv)
+    assert_one_line_error(status, out, err, 2, match)
+
+
+def test_help_exits_0(capsys):
+    status, out, _ = run_cli(capsys, "gemm", "--help")
+    assert status == 0
+    assert "--config" in out
+
+
+# verilog and trace ----------------------------------------------------------------------------
+
+def test_verilog(monkeypatch, tmp_path, capsys):
+    fake_top = types.ModuleType("hw.top")
+    fake_top.generate_verilog = lambda config: f"module npu_top; // {config.name}\nendmodule\n"
+    monkeypatch.setitem(sys.modules, "hw.top", fake_top)
+    output = tmp_path / "npu.v"
+    status, out, err = run_cli(capsys, "verilog", "--config", "3x5", "-o", str(output))
+    assert status == 0, err
+    assert output.read_text() == "module npu_top; // 3x5\nendmodule\n"
+
+
+def test_verilog_unwritable_output(monkeypatch, tmp_path, capsys):
+    fake_top = types.ModuleType("hw.top")
+    fake_top.generate_verilog = lambda config: "module npu_top; endmodule\n"
+    monkeypatch.setitem(sys.modules, "hw.top", fake_top)
+    status, out, err = run_cli(capsys, "verilog", "-o", str(tmp_path / "no" / "such.v"))
+    assert_one_line_error(status, out, err, 2, "cannot write")
+
+
+def test_verilog_without_hw_top(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "hw.top", None)
+    status, out, err = run_cli(capsys, "verilog", "-o", "unused.v")
+    assert_one_line_error(status, out, err, 1, "hw.top")
+
+
+def test_trace(monkeypatch, capsys):
+    fake_trace = types.ModuleType("sim.trace")
+    fake_trace.format_trace = lambda: "cycle 0: idle\ncycle 1: busy"
+    monkeypatch.setitem(sys.modules, "sim.trace", fake_trace)
+    status, out, err = run_cli(capsys, "trace")
+    assert status == 0, err
+    assert out == "cycle 0: idle\ncycle 1: busy\n"
+
+
+def test_trace_without_sim_trace(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sim.trace", None)
+    status, out, err = run_cli(capsys, "trace")
+    assert_one_line_error(status, out, err, 1, "sim.trace")

@@ -1,0 +1,259 @@
+"""The GEMM tiler: plans, the instructions it emits, and what it refuses."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hw.config import NPUConfig
+from hw.isa import Opcode
+from sw import codec
+from sw.compiler import GemmPlan, Program, compile_gemm, plan_gemm
+from sw.errors import NPUTypeError, NPUValueError, PlanError
+from sw.model import ModelNPU
+
+
+A_ADDR, B_ADDR, C_ADDR = 0x10000, 0x20000, 0x40000
+
+
+def compile_at(config, m, k, n, schedule="auto"):
+    return compile_gemm(config, m, k, n, a_addr=A_ADDR, b_addr=B_ADDR, c_addr=C_ADDR,
+                        schedule=schedule)
+
+
+def decoded(program):
+    return [codec.decode(word) for word in program.words]
+
+
+def of(program, opcode):
+    return [fields for op, fields in decoded(program) if op is opcode]
+
+
+def run_on_model(config, program, a, b):
+    """Run a compiled program with A, B and C at the compile addresses; return C."""
+    m, k = a.shape
+    n = b.shape[1]
+    prog_addr = 0x100
+    dram = np.zeros(C_ADDR + 4 * m * n + 64, dtype=np.uint8)
+    image = np.frombuffer(program.bytes, dtype=np.uint8)
+    assert prog_addr + image.size <= A_ADDR
+    dram[prog_addr:prog_addr + image.size] = image
+    dram[A_ADDR:A_ADDR + a.size] = a.view(np.uint8).reshape(-1)
+    dram[B_ADDR:B_ADDR + b.size] = b.view(np.uint8).reshape(-1)
+    result = ModelNPU(config).run(dram, prog_addr, len(program))
+    assert result.done, result
+    assert result.instructions == len(program)
+    return result.dram[C_ADDR:C_ADDR + 4 * m * n].view("<i4").reshape(m, n)
+
+
+# Plans ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config_name, m, k, n, k_tiles, n_tiles", [
+    ("8x8", 1, 1, 1, 1, 1),
+    ("8x8", 16, 8, 8, 1, 1),
+    ("8x8", 5, 9, 17, 2, 3),
+    ("3x5", 7, 10, 11, 4, 3),
+    ("1x1", 2, 3, 4, 3, 4),
+    ("16x16", 33, 100, 31, 7, 2),
+])
+def test_weight_tiles(config_name, m, k, n, k_tiles, n_tiles):
+    plan = plan_gemm(NPUConfig.from_name(config_name), m, k, n)
+    assert (plan.k_tiles, plan.n_tiles) == (k_tiles, n_tiles)
+    assert plan.weight_tiles == k_tiles * n_tiles
+    assert plan.weight_loads == plan.weight_tiles * plan.m_blocks
+    assert plan.macs == m * k * n
+
+
+def test_seed_example_tile_fill():
+    # seeds section 4.1: a 100x100 layer on a 64x64 array is 4 tiles, 10000 / 16384 full.
+    plan = plan_gemm(NPUConfig(rows=64, cols=64), 3136, 100, 100)
+    assert plan.weight_tiles == 4
+    assert plan.tile_fill == 10_000 / 16_384
+    assert plan_gemm(NPUConfig(rows=64, cols=64), 3136, 128, 128).tile_fill == 1.0
+
+
+def test_plan_matches_emitted_program():
+    for config_name, (m, k, n), schedule in itertools.product(
+            ["1x1", "3x5", "8x8"], [(1, 1, 1), (9, 17, 6), (40, 3, 23)],
+            ["auto", "resident", "streaming"]):
+        config = NPUConfig.from_name(config_name)
+        planned = plan_gemm(config, m, k, n, schedule=schedule)
+        program = compile_at(config, m, k, n, schedule)
+        assert isinstance(program, Program) and isinstance(program.plan, GemmPlan)
+        assert program.plan == planned
+        assert planned.instructions == len(program) == len(program.words)
+        assert len(program.bytes) == 16 * len(program)
+        assert codec.unpack_words(program.bytes) == program.words
+        assert decoded(program)[-1] == (Opcode.END, {})
+        loads = of(program, Opcode.LOAD_SPAD)
+        stores = of(program, Opcode.STORE)
+        assert planned.dram_bytes_read == sum(f["rows"] * f["row_bytes"] for f in loads)
+        assert planned.dram_bytes_written == sum(f["rows"] * f["row_bytes"] for f in stores)
+        assert planned.dram_bytes_written == 4 * m * n
+        assert len(of(program, Opcode.PRELOAD)) == planned.weight_loads
+
+
+def test_summary_mentions_the_numbers():
+    plan = plan_gemm(NPUConfig.from_name("8x8"), 20, 100, 30)
+    text = plan.summary()
+    for number in (plan.weight_tiles, plan.k_tiles, plan.n_tiles, plan.instructions):
+        assert str(number) in text
+
+
+# Emitted instructions -------------------------------------------------------------------------
+
+def test_loop_order_and_accumulate_flags():
+    config = NPUConfig.from_name("4x4")
+    program = compile_at(config, 6, 10, 9, schedule="streaming")   # 3 k-tiles x 3 n-tiles
+    body = [op for op, _ in decoded(program)]
+    per_k_tile = [Opcode.LOAD_SPAD, Opcode.PRELOAD, Opcode.LOAD_SPAD, Opcode.MATMUL]
+    per_n_tile = per_k_tile * 3 + [Opcode.STORE]
+    assert body == per_n_tile * 3 + [Opcode.END]
+    matmuls = of(program, Opcode.MATMUL)
+    assert [f["accumulate"] for f in matmuls] == [0, 1, 1] * 3
+    assert all(f["rows"] == 6 and f["acc_addr"] == 0 for f in matmuls)
+
+
+def test_resident_loads_a_once_per_m_block():
+    config = NPUConfig.from_name("4x4")
+    program = compile_at(config, 6, 10, 9, schedule="resident")
+    assert program.plan.schedule == "resident"
+    ops = [op for op, _ in decoded(program)]
+    # The three k-slices of A first, then per (n-tile, k-tile) a weight load + PRELOAD + MATMUL.
+    assert ops[:3] == [Opcode.LOAD_SPAD] * 3
+    assert ops[3:] == ([Opcode.LOAD_SPAD, Opcode.PRELOAD, Opcode.MATMUL] * 3
+                       + [Opcode.STORE]) * 3 + [Opcode.END]
+    a_loads = of(program, Opcode.LOAD_SPAD)[:3]
+    assert [f["local_addr"] for f in a_loads] == [4, 10, 16]
+    assert [f["row_bytes"] for f in a_loads] == [4, 4, 2]         # ragged last k-slice
+    assert [f["dram_addr"] for f in a_loads] == [A_ADDR, A_ADDR + 4, A_ADDR + 8]
+    assert all(f["dram_stride"] == 10 and f["rows"] == 6 for f in a_loads)
+    matmuls = of(program, Opcode.MATMUL)
+    assert [f["spad_addr"] for f in matmuls] == [4, 10, 16] * 3
+    assert [f["accumulate"] for f in matmuls] == [0, 1, 1] * 3
+    assert program.plan.spad_rows_used == 4 + 3 * 6
+
+
+def test_ragged_edges():
+    config = NPUConfig.from_name("4x4")
+    m, k, n = 3, 10, 9
+    program = compile_at(config, m, k, n, schedule="streaming")
+    loads = of(program, Opcode.LOAD_SPAD)
+    weight_loads, activation_loads = loads[0::2], loads[1::2]
+    # k-tiles of 4, 4, 2 rows of B; n-tiles of 4, 4, 1 columns.
+    assert [f["rows"] for f in weight_loads] == [4, 4, 2] * 3
+    assert [f["row_bytes"] for f in weight_loads] == [4] * 6 + [1] * 3
+    assert [f["dram_addr"] for f in weight_loads] == [
+        B_ADDR + k_start * n + n_start for n_start in (0, 4, 8) for k_start in (0, 4, 8)]
+    assert all(f["dram_stride"] == n and f["local_addr"] == 0 for f in weight_loads)
+    assert [f["row_bytes"] for f in activation_loads] == [4, 4, 2] * 3
+    assert all(f["local_addr"] == 4 and f["rows"] == m for f in activation_loads)
+    stores = of(program, Opcode.STORE)
+    assert [f["row_bytes"] for f in stores] == [16, 16, 4]
+    assert [f["dram_addr"] for f in stores] == [C_ADDR, C_ADDR + 16, C_ADDR + 32]
+    assert all(f["dram_stride"] == 4 * n for f in stores)
+    assert all(f["spad_addr"] == 0 for f in of(program, Opcode.PRELOAD))
+
+
+def test_m_split_when_m_exceeds_acc_depth():
+    config = NPUConfig(rows=2, cols=2, spad_depth=64, acc_depth=4)
+    m, k, n = 10, 3, 3
+    program = compile_at(config, m, k, n)
+    plan = program.plan
+    assert (plan.m_blocks, plan.block_rows, plan.acc_rows_used) == (3, 4, 4)
+    stores = of(program, Opcode.STORE)
+    assert [f["rows"] for f in stores] == [4, 4, 4, 4, 2, 2]
+    assert [f["dram_addr"] for f in stores] == [
+        C_ADDR + 4 * n * m_start + 4 * n_start for m_start in (0, 4, 8) for n_start in (0, 2)]
+    assert max(f["acc_addr"] + f["rows"] for f in of(program, Opcode.MATMUL)) <= 4
+    seed = 5
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    assert np.array_equal(run_on_model(config, program, a, b),
+                          a.astype(np.int32) @ b.astype(np.int32))
+
+
+def test_m_split_by_scratchpad():
+    # acc_depth is large, but only 6 scratchpad rows are free next to the 2-row weight tile.
+    config = NPUConfig(rows=2, cols=2, spad_depth=8, acc_depth=512)
+    plan = plan_gemm(config, 20, 3, 3, schedule="streaming")
+    assert (plan.m_blocks, plan.block_rows, plan.spad_rows_used) == (4, 6, 8)
+    plan = plan_gemm(config, 20, 3, 3, schedule="resident")       # 2 k-tiles per row of A
+    assert (plan.m_blocks, plan.block_rows, plan.spad_rows_used) == (7, 3, 8)
+
+
+def test_auto_falls_back_to_streaming_for_long_k():
+    config = NPUConfig(rows=4, cols=4, spad_depth=68, acc_depth=64)
+    # 64 free rows: K = 1000 is 250 k-tiles, so not even one row of A can stay resident.
+    assert plan_gemm(config, 8, 1000, 8).schedule == "streaming"
+    with pytest.raises(PlanError, match="resident schedule needs 250 scratchpad rows"):
+        plan_gemm(config, 8, 1000, 8, schedule="resident")
+    # Short K with many n-tiles: keeping A resident saves its reloads.
+    plan = plan_gemm(config, 8, 8, 64)
+    assert plan.schedule == "resident"
+    streaming = plan_gemm(config, 8, 8, 64, schedule="streaming")
+    assert plan.dram_bytes_read < streaming.dram_bytes_read
+
+
+@pytest.mark.parametrize("schedule", ["resident", "streaming"])
+@pytest.mark.parametrize("config", [
+    NPUConfig(rows=1, cols=1, spad_depth=2, acc_depth=1),
+    NPUConfig(rows=3, cols=5, spad_depth=7, acc_depth=3),
+    NPUConfig(rows=4, cols=2, spad_depth=16, acc_depth=5),
+], ids=["1x1-tiny", "3x5-tiny", "4x2-small"])
+def test_tiny_memories_still_exact(config, schedule):
+    seed = 99
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    m, k, n = 7, 5, 6
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    try:
+        program = compile_at(config, m, k, n, schedule)
+    except PlanError:
+        assert schedule == "resident"
+        return
+    assert np.array_equal(run_on_model(config, program, a, b),
+                          a.astype(np.int32) @ b.astype(np.int32))
+
+
+# Rejections -----------------------------------------------------------------------------------
+
+def test_rejects_scratchpad_without_room_for_activations():
+    config = NPUConfig(rows=8, cols=8, spad_depth=8)
+    with pytest.raises(PlanError, match="weight tile of 8 rows plus one activation row"):
+        plan_gemm(config, 1, 1, 1)
+    with pytest.raises(PlanError):
+        compile_at(config, 1, 1, 1)
+
+
+@pytest.mark.parametrize("name, value, error", [
+    ("m", 0, NPUValueError), ("k", -3, NPUValueError), ("n", 2.0, NPUTypeError),
+    ("m", True, NPUTypeError), ("k", "4", NPUTypeError),
+])
+def test_rejects_bad_dimensions(name, value, error):
+    shape = dict(m=2, k=2, n=2)
+    shape[name] = value
+    with pytest.raises(error, match=f"^{name} must"):
+        plan_gemm(NPUConfig(), **shape)
+
+
+def test_rejects_bad_schedule_and_config():
+    with pytest.raises(NPUValueError, match="schedule"):
+        plan_gemm(NPUConfig(), 2, 2, 2, schedule="fastest")
+    with pytest.raises(NPUTypeError, match="NPUConfig"):
+        plan_gemm("8x8", 2, 2, 2)
+
+
+def test_rejects_addresses_outside_32_bits():
+    config = NPUConfig()
+    with pytest.raises(PlanError, match="c_addr"):
+        compile_gemm(config, 4, 4, 4, a_addr=0, b_addr=0x100, c_addr=(1 << 32) - 32)
+    with pytest.raises(PlanError, match="a_addr"):
+        compile_gemm(config, 4, 4, 4, a_addr=-1, b_addr=0x100, c_addr=0x200)
+    with pytest.raises(NPUTypeError, match="b_addr"):
+        compile_gemm(config, 4, 4, 4, a_addr=0, b_addr=None, c_addr=0x200)
+    # Exactly at the top of the address space is fine.
+    compile_gemm(config, 4, 4, 4, a_addr=0, b_addr=0x100, c_addr=(1 << 32) - 64)

@@ -1,0 +1,258 @@
+"""Unit tests of :class:`hw.dma.DMA` against an AXI4 slave memory model with random stalls.
+
+The model (:class:`amaranth_sim.AXI4MemoryModel`) checks the bus rules on every cycle: INCR,
+full-width, aligned bursts of at most 256 beats that never cross 4 KiB, stable payloads,
+AW before its W data, ``wlast`` on the last beat of each burst. The tests check the data.
+"""
+
+import numpy as np
+import pytest
+
+from amaranth_sim import AXI4MemoryModel, run_simulation
+from hw.axi import Resp
+from hw.dma import DMA
+
+
+ROW_BYTES = 20           # a 3x5 array's accumulator row: not a power of two
+WIDTHS = (32, 64, 128)
+TIMEOUT = 2000           # cycles any one block may take
+
+
+def _fill(model, rng, start, length):
+    model.load(start, rng.bytes(length))
+
+
+async def _handshake(ctx, stream, timeout=TIMEOUT):
+    """Hold ``stream.valid`` until the edge at which ``ready`` is high."""
+    ctx.set(stream.valid, 1)
+    for _ in range(timeout):
+        _, _, ready = await ctx.tick().sample(stream.ready)
+        if ready:
+            ctx.set(stream.valid, 0)
+            return
+    raise AssertionError(f"stream not accepted in {timeout} cycles")
+
+
+def _set_command(ctx, command, addr, rows, row_bytes, stride):
+    ctx.set(command.payload.addr, addr)
+    ctx.set(command.payload.rows, rows)
+    ctx.set(command.payload.row_bytes, row_bytes)
+    ctx.set(command.payload.stride, stride)
+
+
+async def read_block(ctx, dut, addr, rows, row_bytes, stride):
+    """Run one read command; returns ``(rows delivered, read_error at read_done)``."""
+    _set_command(ctx, dut.read_cmd, addr, rows, row_bytes, stride)
+    await _handshake(ctx, dut.read_cmd)
+    delivered = []
+    for _ in range(TIMEOUT):
+        _, _, valid, payload, done, error = await ctx.tick().sample(
+            dut.read_row.valid, dut.read_row.payload, dut.read_done, dut.read_error)
+        if valid:
+            delivered.append(payload.to_bytes(dut.read_row_bytes, "little"))
+        if done:
+            return delivered, error
+    raise AssertionError(f"read of {rows} rows at {addr:#x} did not finish")
+
+
+async def write_block(ctx, dut, rng, addr, rows, row_bytes, stride, payloads):
+    """Run one write command, offering each row after a random delay; returns
+    ``write_error`` at ``write_done``."""
+    _set_command(ctx, dut.write_cmd, addr, rows, row_bytes, stride)
+    await _handshake(ctx, dut.write_cmd)
+    for payload in payloads:
+        for _ in range(int(rng.integers(0, 3))):
+            await ctx.tick()
+        ctx.set(dut.write_row.payload, int.from_bytes(payload, "little"))
+        await _handshake(ctx, dut.write_row)
+    for _ in range(TIMEOUT):
+        _, _, done, error = await ctx.tick().sample(dut.write_done, dut.write_error)
+        if done:
+            return error
+    raise AssertionError(f"write of {rows} rows at {addr:#x} did not finish")
+
+
+def _expected_row(model, addr, row_bytes, width):
+    return model.peek(addr, row_bytes) + bytes(width - row_bytes)
+
+
+def _expected_writes(addr, row_bytes, stride, payloads):
+    written = {}
+    for row, payload in enumerate(payloads):
+        for byte in range(row_bytes):
+            written[(addr + row * stride + byte) & 0xFFFF_FFFF] = payload[byte]
+    return written
+
+
+def _blocks(rng, bus_bytes):
+    """Edge-case blocks, then random ones: ``(addr, rows, row_bytes, stride)``."""
+    blocks = [
+        (0x0FF9, 3, ROW_BYTES, 0x1001),        # every row crosses a 4 KiB boundary
+        (0x1FFF, 2, 1, 3),                     # single bytes, the first just below 4 KiB
+        (0x2003, 3, ROW_BYTES, 0),             # the same row three times
+        (0x3001, 4, 9, 7),                     # overlapping rows, odd stride
+        (0x4000, 2, ROW_BYTES, bus_bytes),     # aligned start
+        (0x5000 - bus_bytes, 1, bus_bytes, 0), # exactly one beat, ending at 4 KiB
+        (0x5FFF, 1, 2, 0),                     # two bytes, one each side of 4 KiB
+        (0xFFFF_FFEC, 1, ROW_BYTES, 0),        # ends at the top of the address space
+    ]
+    for _ in range(10):
+        page = int(rng.integers(0, 0x100)) << 12
+        if rng.random() < 0.4:
+            offset = 4096 - int(rng.integers(1, 2 * ROW_BYTES))
+        else:
+            offset = int(rng.integers(0, 4096))
+        stride = int(rng.choice([0, 1, 3, 13, 64, 4095, 4097, int(rng.integers(0, 9000))]))
+        blocks.append((page + offset, int(rng.integers(1, 5)),
+                       int(rng.integers(1, ROW_BYTES + 1)), stride))
+    return blocks
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_read_blocks(width):
+    """Each row of a 2-D strided block comes back exactly, bytes past row_bytes zero."""
+    seed = 0xD0A0 + width
+    rng = np.random.default_rng(seed)
+    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
+    blocks = _blocks(rng, width // 8)
+    for addr, rows, row_bytes, stride in blocks:
+        _fill(model, rng, addr, (rows - 1) * stride + row_bytes)
+
+    async def testbench(ctx):
+        for addr, rows, row_bytes, stride in blocks:
+            where = (f"seed {seed}: block at {addr:#x}, {rows} rows of {row_bytes} bytes, "
+                     f"stride {stride}")
+            delivered, error = await read_block(ctx, dut, addr, rows, row_bytes, stride)
+            assert error == 0, where
+            assert delivered == [
+                _expected_row(model, addr + row * stride, row_bytes, ROW_BYTES)
+                for row in range(rows)
+            ], where
+            await ctx.tick()
+            assert model.idle and ctx.get(dut.idle), f"{where}: not idle after read_done"
+        assert model.written == {}
+
+    run_simulation(dut, testbench, processes=[model.process], vcd_name=f"dma_read_{width}")
+    assert len(model.read_bursts) > sum(rows for _, rows, _, _ in blocks)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_write_blocks(width):
+    """Exactly the bytes of each row's first row_bytes are written (wstrb), nothing else,
+    although the rows offered carry non-zero bytes past row_bytes."""
+    seed = 0xD0B0 + width
+    rng = np.random.default_rng(seed)
+    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
+    blocks = _blocks(rng, width // 8)
+
+    async def testbench(ctx):
+        for addr, rows, row_bytes, stride in blocks:
+            where = (f"seed {seed}: block at {addr:#x}, {rows} rows of {row_bytes} bytes, "
+                     f"stride {stride}")
+            payloads = [rng.bytes(ROW_BYTES) for _ in range(rows)]
+            model.written = {}
+            error = await write_block(ctx, dut, rng, addr, rows, row_bytes, stride, payloads)
+            assert error == 0, where
+            assert model.idle, f"{where}: write_done before every response"
+            assert model.written == _expected_writes(addr, row_bytes, stride, payloads), where
+            await ctx.tick()
+            assert ctx.get(dut.idle), f"{where}: not idle after write_done"
+
+    run_simulation(dut, testbench, processes=[model.process], vcd_name=f"dma_write_{width}")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_read_and_write_at_once(width):
+    """The reader and the writer run at the same time on their own channels."""
+    seed = 0xD0C0 + width
+    rng = np.random.default_rng(seed)
+    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
+    read_addr, write_addr, rows, stride = 0x1FF3, 0x8FF5, 5, 23
+    _fill(model, rng, read_addr, rows * stride)
+    payloads = [rng.bytes(ROW_BYTES) for _ in range(rows)]
+    outcome = {}
+
+    async def reader(ctx):
+        outcome["read"] = await read_block(ctx, dut, read_addr, rows, ROW_BYTES, stride)
+
+    async def writer(ctx):
+        outcome["write"] = await write_block(ctx, dut, rng, write_addr, rows, ROW_BYTES - 3,
+                                             stride, payloads)
+
+    run_simulation(dut, reader, writer, processes=[model.process],
+                   vcd_name=f"dma_both_{width}")
+    assert outcome["read"] == ([_expected_row(model, read_addr + row * stride, ROW_BYTES,
+                                              ROW_BYTES) for row in range(rows)], 0)
+    assert outcome["write"] == 0
+    assert model.written == _expected_writes(write_addr, ROW_BYTES - 3, stride, payloads)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("resp", [Resp.SLVERR, Resp.DECERR])
+def test_bus_errors(width, resp):
+    """A beat answered SLVERR or DECERR gives read_error / write_error at done: rows before
+    the bad one are delivered, none after it; the next command starts clean."""
+    seed = 0xD0E0 + width + resp.value
+    rng = np.random.default_rng(seed)
+    base = 0x3000
+    bad = (base + 256, base + 512, resp)
+    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed,
+                            read_errors=[bad], write_errors=[bad])
+    _fill(model, rng, base, 0x1000)
+
+    async def testbench(ctx):
+        addr, rows, stride = base + 3, 4, 256   # row 1 lies in the bad range
+        delivered, error = await read_block(ctx, dut, addr, rows, ROW_BYTES, stride)
+        assert error == 1, f"seed {seed}: no read_error"
+        assert delivered == [_expected_row(model, addr, ROW_BYTES, ROW_BYTES)], \
+            f"seed {seed}: rows after the bad beat were delivered"
+        delivered, error = await read_block(ctx, dut, base + 0x801, 2, 5, 9)
+        assert error == 0, f"seed {seed}: read_error stuck"
+        assert delivered == [_expected_row(model, base + 0x801 + row * 9, 5, ROW_BYTES)
+                             for row in range(2)]
+
+        payloads = [rng.bytes(ROW_BYTES) for _ in range(3)]
+        error = await write_block(ctx, dut, rng, addr, 3, ROW_BYTES, stride, payloads)
+        assert error == 1, f"seed {seed}: no write_error"
+        good = _expected_writes(addr, ROW_BYTES, stride, payloads)
+        assert model.written == {a: v for a, v in good.items() if not bad[0] <= a < bad[1]}
+        model.written = {}
+        payloads = [rng.bytes(ROW_BYTES) for _ in range(2)]
+        error = await write_block(ctx, dut, rng, base + 0x901, 2, 4, 4, payloads)
+        assert error == 0, f"seed {seed}: write_error stuck"
+        assert model.written == _expected_writes(base + 0x901, 4, 4, payloads)
+
+    run_simulation(dut, testbench, processes=[model.process],
+                   vcd_name=f"dma_errors_{width}_{resp.name}")
+
+
+def test_long_rows_split_at_256_beats_and_4k():
+    """Rows of more than 256 beats: bursts are cut at 256 beats (arlen/awlen = 255) and at
+    4 KiB boundaries, and the data is still exact."""
+    seed = 0xD0F0
+    rng = np.random.default_rng(seed)
+    width, row_bytes = 32, 1040
+    dut = DMA(data_width=width, read_row_bytes=row_bytes, write_row_bytes=row_bytes)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, ready_probability=0.9)
+    # Row 0 at 0x2001: 261 beats from 0x2000, cut at 256. Row 1 at 0x3F02: cut at 0x4000.
+    addr, stride = 0x2001, 0x1F01
+    _fill(model, rng, addr, stride + row_bytes)
+    payloads = [rng.bytes(row_bytes) for _ in range(2)]
+
+    async def testbench(ctx):
+        delivered, error = await read_block(ctx, dut, addr, 2, row_bytes, stride)
+        assert error == 0
+        assert delivered == [model.peek(addr + row * stride, row_bytes) for row in range(2)]
+        assert model.read_bursts == [(0x2000, 256), (0x2400, 5), (0x3F00, 64), (0x4000, 197)]
+        write_addr = addr + 0x10000
+        error = await write_block(ctx, dut, rng, write_addr, 2, row_bytes, stride, payloads)
+        assert error == 0
+        assert model.written == _expected_writes(write_addr, row_bytes, stride, payloads)
+        assert model.write_bursts == [(0x12000, 256), (0x12400, 5), (0x13F00, 64),
+                                      (0x14000, 197)]
+
+    run_simulation(dut, testbench, processes=[model.process], vcd_name="dma_long_rows")

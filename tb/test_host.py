@@ -1,0 +1,148 @@
+"""Unit tests of :class:`hw.host.HostInterface`: the AXI4-Lite register file."""
+
+from amaranth_sim import axil_read, axil_write, run_simulation
+from hw.axi import Resp
+from hw.config import NPUConfig
+from hw.host import HostInterface
+from hw.isa import MAGIC, VERSION, Control, Reg
+
+
+CONFIG = NPUConfig(rows=3, cols=5, spad_depth=48, acc_depth=24, bus_width=128)
+
+
+def _pulse_monitor(dut, pulses):
+    """A process that records the cycle of every edge at which start / soft_reset is high."""
+    async def process(ctx):
+        cycle = 0
+        async for _, _, start, soft_reset in ctx.tick().sample(dut.start, dut.soft_reset):
+            cycle += 1
+            if start:
+                pulses["start"].append(cycle)
+            if soft_reset:
+                pulses["soft_reset"].append(cycle)
+    return process
+
+
+def test_identification_registers():
+    dut = HostInterface(CONFIG)
+
+    async def testbench(ctx):
+        expected = {
+            Reg.MAGIC: MAGIC,
+            Reg.VERSION: VERSION,
+            Reg.SHAPE: 3 | 5 << 16,
+            Reg.SPAD_DEPTH: 48,
+            Reg.ACC_DEPTH: 24,
+            Reg.BUS_WIDTH: 128,
+        }
+        for reg, value in expected.items():
+            got = await axil_read(ctx, dut.bus, reg)
+            assert got == value, f"{reg.name} reads {got:#x}, expected {value:#x}"
+        # Unmapped offsets read zero (and answer OKAY, which axil_read checks).
+        for offset in (0x18, 0x1C, 0x40, 0xFC):
+            assert await axil_read(ctx, dut.bus, offset) == 0, f"offset {offset:#x}"
+        # Writes to read-only and unmapped registers change nothing.
+        for offset in (Reg.MAGIC, Reg.SHAPE, 0x40):
+            assert await axil_write(ctx, dut.bus, offset, 0xFFFF_FFFF) == Resp.OKAY.value
+        assert await axil_read(ctx, dut.bus, Reg.MAGIC) == MAGIC
+        assert await axil_read(ctx, dut.bus, Reg.SHAPE) == 3 | 5 << 16
+
+    run_simulation(dut, testbench, vcd_name="host_id")
+
+
+def test_program_registers_read_back():
+    dut = HostInterface(CONFIG)
+
+    async def testbench(ctx):
+        assert await axil_read(ctx, dut.bus, Reg.PROG_ADDR) == 0
+        assert await axil_write(ctx, dut.bus, Reg.PROG_ADDR, 0x8765_4320) == Resp.OKAY.value
+        assert await axil_write(ctx, dut.bus, Reg.PROG_LEN, 0x0001_2345,
+                                aw_delay=3) == Resp.OKAY.value   # data before address
+        assert await axil_read(ctx, dut.bus, Reg.PROG_ADDR) == 0x8765_4320
+        assert await axil_read(ctx, dut.bus, Reg.PROG_LEN) == 0x0001_2345
+        assert ctx.get(dut.prog_addr) == 0x8765_4320
+        assert ctx.get(dut.prog_len) == 0x0001_2345
+        # Byte strobes: only the enabled bytes change.
+        await axil_write(ctx, dut.bus, Reg.PROG_ADDR, 0xAABB_CCDD, strobe=0b0101, w_delay=2)
+        assert await axil_read(ctx, dut.bus, Reg.PROG_ADDR) == 0x87BB_43DD
+        await axil_write(ctx, dut.bus, Reg.PROG_LEN, 0xFFFF_FFFF, strobe=0b1000)
+        assert await axil_read(ctx, dut.bus, Reg.PROG_LEN) == 0xFF01_2345
+
+    run_simulation(dut, testbench, vcd_name="host_prog")
+
+
+def test_control_pulses_once():
+    """A CONTROL write gives exactly one one-cycle pulse of start or soft_reset, even while
+    the master keeps the next write waiting; a write with wstrb[0] low gives none."""
+    dut = HostInterface(CONFIG)
+    pulses = {"start": [], "soft_reset": []}
+
+    async def testbench(ctx):
+        await axil_write(ctx, dut.bus, Reg.CONTROL, Control.START)
+        assert len(pulses["start"]) == 1 and pulses["soft_reset"] == []
+        await axil_write(ctx, dut.bus, Reg.CONTROL, Control.SOFT_RESET, w_delay=4)
+        assert len(pulses["start"]) == 1 and len(pulses["soft_reset"]) == 1
+        await axil_write(ctx, dut.bus, Reg.CONTROL, Control.START, strobe=0b1110)
+        await axil_write(ctx, dut.bus, Reg.CONTROL, 0)
+        await axil_write(ctx, dut.bus, Reg.PROG_ADDR, Control.START)
+        assert len(pulses["start"]) == 1 and len(pulses["soft_reset"]) == 1
+        # Master holds bready low: no second pulse while the response waits.
+        ctx.set(dut.bus.awaddr, Reg.CONTROL)
+        ctx.set(dut.bus.wdata, Control.START)
+        ctx.set(dut.bus.wstrb, 0xF)
+        ctx.set(dut.bus.awvalid, 1)
+        ctx.set(dut.bus.wvalid, 1)
+        ctx.set(dut.bus.bready, 0)
+        await ctx.tick()
+        ctx.set(dut.bus.awvalid, 0)
+        ctx.set(dut.bus.wvalid, 0)
+        for _ in range(5):
+            await ctx.tick()
+            assert ctx.get(dut.bus.bvalid) == 1
+        ctx.set(dut.bus.bready, 1)
+        await ctx.tick()
+        assert ctx.get(dut.bus.bvalid) == 0
+        await ctx.tick()
+        assert len(pulses["start"]) == 2 and len(pulses["soft_reset"]) == 1
+
+    run_simulation(dut, testbench, processes=[_pulse_monitor(dut, pulses)],
+                   vcd_name="host_control")
+
+
+def test_status_registers_follow_inputs():
+    dut = HostInterface(CONFIG)
+
+    async def testbench(ctx):
+        ctx.set(dut.busy, 1)
+        ctx.set(dut.error_code, 0xA5)
+        ctx.set(dut.error_pc, 0x1234_5678)
+        ctx.set(dut.pc, 0x0BAD_CAFE)
+        ctx.set(dut.cycles, 0x0123_4567_89AB_CDEF)
+        assert await axil_read(ctx, dut.bus, Reg.STATUS) == 0xA501
+        ctx.set(dut.busy, 0)
+        ctx.set(dut.done, 1)
+        assert await axil_read(ctx, dut.bus, Reg.STATUS) == 0xA502
+        ctx.set(dut.done, 0)
+        ctx.set(dut.error, 1)
+        assert await axil_read(ctx, dut.bus, Reg.STATUS) == 0xA504
+        assert await axil_read(ctx, dut.bus, Reg.ERROR_PC) == 0x1234_5678
+        assert await axil_read(ctx, dut.bus, Reg.PC) == 0x0BAD_CAFE
+        assert await axil_read(ctx, dut.bus, Reg.CYCLES_LO) == 0x89AB_CDEF
+        assert await axil_read(ctx, dut.bus, Reg.CYCLES_HI) == 0x0123_4567
+        # The read data holds while the master keeps rready low.
+        ctx.set(dut.bus.araddr, Reg.MAGIC)
+        ctx.set(dut.bus.arvalid, 1)
+        ctx.set(dut.bus.rready, 0)
+        await ctx.tick()
+        ctx.set(dut.bus.arvalid, 0)
+        ctx.set(dut.bus.araddr, Reg.PC)
+        for _ in range(4):
+            await ctx.tick()
+            assert (ctx.get(dut.bus.rvalid), ctx.get(dut.bus.rdata)) == (1, MAGIC)
+            assert ctx.get(dut.bus.arready) == 0
+        ctx.set(dut.bus.rready, 1)
+        await ctx.tick()
+        assert ctx.get(dut.bus.rvalid) == 0
+        assert await axil_read(ctx, dut.bus, Reg.PC) == 0x0BAD_CAFE
+
+    run_simulation(dut, testbench, vcd_name="host_status")

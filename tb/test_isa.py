@@ -1,0 +1,138 @@
+"""The instruction encoding: ``sw.codec`` must agree bit for bit with ``hw.isa``."""
+
+import random
+
+import pytest
+
+from hw import isa
+from hw.isa import Opcode
+from sw import codec
+from sw.errors import NPUTypeError, NPUValueError
+
+
+#: The fields of each opcode, as the ISA documents them (a change here is an ISA change).
+EXPECTED_FIELDS = {
+    Opcode.END:       [],
+    Opcode.LOAD_SPAD: ["local_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
+    Opcode.LOAD_ACC:  ["local_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
+    Opcode.PRELOAD:   ["spad_addr"],
+    Opcode.MATMUL:    ["spad_addr", "acc_addr", "rows", "accumulate"],
+    Opcode.STORE:     ["acc_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
+}
+EXPECTED_WIDTHS = {"local_addr": 16, "rows": 16, "row_bytes": 16, "dram_addr": 32,
+                   "dram_stride": 32, "spad_addr": 16, "acc_addr": 16, "accumulate": 1}
+
+
+def random_fields(opcode, rng):
+    return {spec.name: rng.randrange(1 << spec.width) for spec in codec.FIELDS[opcode]}
+
+
+def test_instruction_size():
+    assert isa.INSTR_BITS == 128
+    assert isa.INSTR_BYTES == 16
+
+
+@pytest.mark.parametrize("opcode", list(Opcode), ids=lambda opcode: opcode.name)
+def test_fields_match_isa(opcode):
+    assert [spec.name for spec in codec.FIELDS[opcode]] == EXPECTED_FIELDS[opcode]
+    for spec in codec.FIELDS[opcode]:
+        assert spec.width == EXPECTED_WIDTHS[spec.name]
+
+
+@pytest.mark.parametrize("opcode", list(Opcode), ids=lambda opcode: opcode.name)
+def test_round_trip_against_hw_isa(opcode):
+    seed = 1000 + opcode.value
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    for _ in range(50):
+        fields = random_fields(opcode, rng)
+        word = codec.encode(opcode, **fields)
+        assert word == isa.encode(opcode, **fields)
+        assert codec.decode(word) == (opcode, fields)
+        assert isa.decode(word) == (opcode, fields)
+
+
+@pytest.mark.parametrize("opcode", list(Opcode), ids=lambda opcode: opcode.name)
+def test_field_extremes(opcode):
+    specs = codec.FIELDS[opcode]
+    for value_of in (lambda spec: 0, lambda spec: spec.mask):
+        fields = {spec.name: value_of(spec) for spec in specs}
+        word = codec.encode(opcode, **fields)
+        assert word == isa.encode(opcode, **fields)
+        assert codec.decode(word) == (opcode, fields)
+    # Each field alone at its maximum sets exactly its own bits.
+    for spec in specs:
+        fields = {other.name: 0 for other in specs}
+        fields[spec.name] = spec.mask
+        word = codec.encode(opcode, **fields)
+        assert word == opcode.value | (spec.mask << spec.offset)
+
+
+def test_fields_do_not_overlap():
+    for opcode, specs in codec.FIELDS.items():
+        used = 0xFFFF  # opcode and reserved bytes
+        for spec in specs:
+            bits = spec.mask << spec.offset
+            assert used & bits == 0, (opcode, spec)
+            used |= bits
+        assert used < 1 << isa.INSTR_BITS
+
+
+@pytest.mark.parametrize("opcode", [op for op in Opcode if codec.FIELDS[op]],
+                         ids=lambda opcode: opcode.name)
+def test_field_limits_rejected(opcode):
+    for spec in codec.FIELDS[opcode]:
+        fields = {other.name: 0 for other in codec.FIELDS[opcode]}
+        for bad in (spec.mask + 1, -1):
+            fields[spec.name] = bad
+            with pytest.raises(NPUValueError, match=spec.name):
+                codec.encode(opcode, **fields)
+        fields[spec.name] = 1.5
+        with pytest.raises(NPUTypeError, match=spec.name):
+            codec.encode(opcode, **fields)
+
+
+def test_missing_and_unknown_fields_rejected():
+    with pytest.raises(NPUValueError, match="missing.*rows"):
+        codec.encode(Opcode.MATMUL, spad_addr=0, acc_addr=0, accumulate=0)
+    with pytest.raises(NPUValueError, match="unknown.*bogus"):
+        codec.encode(Opcode.PRELOAD, spad_addr=0, bogus=1)
+    with pytest.raises(NPUValueError, match="END takes"):
+        codec.encode(Opcode.END, rows=1)
+
+
+def test_illegal_opcodes():
+    with pytest.raises(NPUValueError, match="opcode"):
+        codec.encode(0x7F)
+    legal = {opcode.value for opcode in Opcode}
+    for value in range(256):
+        word = value | (0xABCD << 16)
+        if value in legal:
+            assert codec.decode(word)[0] is Opcode(value)
+        else:
+            assert codec.decode(word) == (None, {})
+            assert isa.decode(word) == (None, {})
+    # Zeroed memory must not decode as an instruction.
+    assert codec.decode(0) == (None, {})
+
+
+def test_reserved_byte_is_ignored_by_decode():
+    word = codec.encode(Opcode.PRELOAD, spad_addr=7)
+    assert codec.decode(word | (0x5A << 8)) == (Opcode.PRELOAD, {"spad_addr": 7})
+
+
+def test_word_range_checked():
+    with pytest.raises(NPUValueError):
+        codec.decode(1 << 128)
+    with pytest.raises(NPUValueError):
+        codec.decode(-1)
+
+
+def test_pack_and_unpack():
+    words = [codec.encode(Opcode.PRELOAD, spad_addr=3), codec.encode(Opcode.END)]
+    image = codec.pack_words(words)
+    assert len(image) == 32
+    assert image[0] == Opcode.PRELOAD.value and image[2] == 3 and image[16] == Opcode.END.value
+    assert codec.unpack_words(image) == words
+    with pytest.raises(NPUValueError, match="multiple of 16"):
+        codec.unpack_words(image[:-1])

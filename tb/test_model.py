@@ -1,0 +1,478 @@
+"""The instruction-level model: every instruction's semantics and every error code."""
+
+import numpy as np
+import pytest
+
+from hw.config import NPUConfig
+from hw.isa import ErrorCode, Opcode
+from sw import codec
+from sw.backend import RunResult, run_program
+from sw.errors import NPUTypeError, NPUValueError
+from sw.model import ModelNPU
+
+
+#: 2 rows x 3 cols: scratchpad rows of 3 bytes (wider than R), accumulator rows of 12 bytes.
+WIDE = NPUConfig(rows=2, cols=3, spad_depth=8, acc_depth=4)
+#: 3 rows x 2 cols: scratchpad rows wider than C.
+TALL = NPUConfig(rows=3, cols=2, spad_depth=8, acc_depth=4)
+
+PROG_ADDR = 0x800
+DRAM_SIZE = 0x1000
+
+
+def end():
+    return (Opcode.END, {})
+
+
+def load_spad(local_addr, rows, row_bytes, dram_addr, dram_stride=None):
+    return (Opcode.LOAD_SPAD, dict(local_addr=local_addr, rows=rows, row_bytes=row_bytes,
+                                   dram_addr=dram_addr,
+                                   dram_stride=row_bytes if dram_stride is None
+                                   else dram_stride))
+
+
+def load_acc(local_addr, rows, row_bytes, dram_addr, dram_stride=None):
+    opcode, fields = load_spad(local_addr, rows, row_bytes, dram_addr, dram_stride)
+    return (Opcode.LOAD_ACC, fields)
+
+
+def preload(spad_addr):
+    return (Opcode.PRELOAD, dict(spad_addr=spad_addr))
+
+
+def matmul(spad_addr, acc_addr, rows, accumulate=0):
+    return (Opcode.MATMUL, dict(spad_addr=spad_addr, acc_addr=acc_addr, rows=rows,
+                                accumulate=accumulate))
+
+
+def store(acc_addr, rows, row_bytes, dram_addr, dram_stride=None):
+    return (Opcode.STORE, dict(acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
+                               dram_addr=dram_addr,
+                               dram_stride=row_bytes if dram_stride is None else dram_stride))
+
+
+def make_dram(instructions, data=(), size=DRAM_SIZE, prog_addr=PROG_ADDR):
+    dram = np.zeros(size, dtype=np.uint8)
+    image = codec.pack_words(codec.encode(opcode, **fields) for opcode, fields in instructions)
+    dram[prog_addr:prog_addr + len(image)] = np.frombuffer(image, dtype=np.uint8)
+    for addr, values in data:
+        values = np.asarray(values)
+        raw = values.astype(values.dtype.newbyteorder("<")).view(np.uint8).reshape(-1)
+        dram[addr:addr + raw.size] = raw
+    return dram
+
+
+def run(config, instructions, data=(), size=DRAM_SIZE, prog_addr=PROG_ADDR, prog_len=None):
+    """Run on a fresh model; returns (model, result) so tests can look inside."""
+    dram = make_dram(instructions, data, size, prog_addr)
+    model = ModelNPU(config)
+    if prog_len is None:
+        prog_len = len(instructions)
+    return model, model.run(dram, prog_addr, prog_len)
+
+
+def assert_done(result, instructions):
+    assert (result.done, result.error_code, result.error_pc) == (True, ErrorCode.NONE, 0)
+    assert result.instructions == instructions
+    assert result.cycles is None
+
+
+def assert_error(result, error_code, error_pc):
+    assert (result.done, result.error_code, result.error_pc) == (False, error_code, error_pc)
+    assert result.instructions == error_pc
+
+
+def int8(values):
+    return np.array(values, dtype=np.int8)
+
+
+# Program control ------------------------------------------------------------------------------
+
+def test_end_only():
+    dram = make_dram([end()])
+    before = dram.copy()
+    result = ModelNPU(WIDE).run(dram, PROG_ADDR, 1)
+    assert isinstance(result, RunResult)
+    assert_done(result, 1)
+    assert np.array_equal(result.dram, before)
+    assert np.array_equal(dram, before)  # the caller's DRAM is not modified
+    assert result.dram is not dram
+
+
+def test_program_stops_at_end_before_prog_len():
+    _, result = run(WIDE, [preload(0), end(), (Opcode.END, {})], prog_len=100)
+    assert_done(result, 2)
+
+
+def test_unaligned_program_address():
+    for prog_addr in (PROG_ADDR + 1, PROG_ADDR + 8, PROG_ADDR - 4):
+        dram = make_dram([end()], prog_addr=PROG_ADDR)
+        assert_error(ModelNPU(WIDE).run(dram, prog_addr, 1), ErrorCode.PROGRAM, 0)
+
+
+def test_zero_program_length():
+    _, result = run(WIDE, [end()], prog_len=0)
+    assert_error(result, ErrorCode.PROGRAM, 0)
+
+
+def test_no_end_within_length():
+    _, result = run(WIDE, [preload(0), preload(0), preload(0), end()], prog_len=3)
+    assert_error(result, ErrorCode.PROGRAM, 3)
+
+
+def test_fetch_outside_dram():
+    dram = make_dram([])
+    assert_error(ModelNPU(WIDE).run(dram, DRAM_SIZE, 1), ErrorCode.BUS_READ, 0)
+    assert_error(ModelNPU(WIDE).run(dram, 0xFFFF_FFF0, 4), ErrorCode.BUS_READ, 0)
+    # The last 16 bytes of DRAM hold PRELOADs, the fetch after them falls off the end.
+    _, result = run(WIDE, [preload(0)], prog_addr=DRAM_SIZE - 16, prog_len=5)
+    assert_error(result, ErrorCode.BUS_READ, 1)
+
+
+@pytest.mark.parametrize("raw_opcode", [0x00, 0x07, 0x80, 0xFF])
+def test_illegal_opcode(raw_opcode):
+    dram = make_dram([preload(0), preload(0)])
+    dram[PROG_ADDR + 16] = raw_opcode
+    assert_error(ModelNPU(WIDE).run(dram, PROG_ADDR, 3), ErrorCode.ILLEGAL_OPCODE, 1)
+
+
+def test_fetch_sees_stores_over_the_program():
+    # The STORE writes the zeros of accumulator row 0 over the instruction after it.
+    next_instruction = PROG_ADDR + 16
+    _, result = run(WIDE, [store(0, 1, 12, next_instruction), end(), end()])
+    assert_error(result, ErrorCode.ILLEGAL_OPCODE, 1)
+
+
+def test_run_starts_from_reset():
+    model = ModelNPU(WIDE)
+    dram = make_dram([load_spad(0, 2, 3, 0), preload(0), end()], data=[(0, int8(range(1, 7)))])
+    assert model.run(dram, PROG_ADDR, 3).done
+    assert model.spad.any() and model.weights.any()
+    assert model.run(make_dram([end()]), PROG_ADDR, 1).done
+    assert not model.spad.any() and not model.weights.any() and not model.acc.any()
+
+
+def test_run_arguments_checked():
+    model = ModelNPU(WIDE)
+    with pytest.raises(NPUTypeError, match="uint8"):
+        model.run(np.zeros(64, dtype=np.int8), 0, 1)
+    with pytest.raises(NPUTypeError, match="uint8"):
+        model.run(np.zeros((8, 8), dtype=np.uint8), 0, 1)
+    with pytest.raises(NPUTypeError):
+        model.run(bytes(64), 0, 1)
+    with pytest.raises(NPUValueError, match="prog_addr"):
+        model.run(np.zeros(64, dtype=np.uint8), -16, 1)
+    with pytest.raises(NPUValueError, match="prog_len"):
+        model.run(np.zeros(64, dtype=np.uint8), 0, 1 << 32)
+    with pytest.raises(NPUTypeError, match="NPUConfig"):
+        ModelNPU("8x8")
+
+
+def test_backend_dispatch():
+    dram = make_dram([end()])
+    result = run_program(WIDE, "model", dram, PROG_ADDR, 1)
+    assert_done(result, 1)
+    with pytest.raises(NPUValueError, match="verilator, icarus, model"):
+        run_program(WIDE, "spice", dram, PROG_ADDR, 1)
+
+
+# LOAD_SPAD / LOAD_ACC -------------------------------------------------------------------------
+
+def test_load_spad_strided_and_zero_filled():
+    data = np.arange(1, 65, dtype=np.uint8)
+    model, result = run(WIDE, [
+        load_spad(2, 3, 3, 0x100, 3),       # three full rows
+        load_spad(3, 2, 2, 0x110, 7),       # overwrite rows 3..4 with 2 bytes each
+        load_spad(7, 1, 1, 0x120, 0),       # the last row
+        end(),
+    ], data=[(0x100, data)])
+    assert_done(result, 4)
+    expected = np.zeros((8, 3), dtype=np.uint8)
+    expected[2] = data[0:3]
+    expected[3] = [data[16], data[17], 0]
+    expected[4] = [data[23], data[24], 0]
+    expected[7] = [data[32], 0, 0]
+    assert np.array_equal(model.spad, expected)
+
+
+def test_load_spad_stride_zero_and_overlapping_rows():
+    data = np.arange(10, 20, dtype=np.uint8)
+    model, result = run(WIDE, [load_spad(0, 3, 3, 0x100, 0), load_spad(3, 3, 3, 0x100, 1),
+                               end()], data=[(0x100, data)])
+    assert_done(result, 3)
+    assert np.array_equal(model.spad[:3], np.tile(data[:3], (3, 1)))
+    assert np.array_equal(model.spad[3:6], [data[0:3], data[1:4], data[2:5]])
+
+
+def test_load_acc_little_endian_lanes_and_zero_fill():
+    values = np.array([[1, -2, 0x12345678], [-(1 << 31), (1 << 31) - 1, 7]], dtype="<i4")
+    model, result = run(WIDE, [
+        load_acc(0, 2, 12, 0x100),
+        load_acc(1, 1, 5, 0x100),           # a row that ends inside lane 1
+        end(),
+    ], data=[(0x100, values)])
+    assert_done(result, 3)
+    assert np.array_equal(model.acc[0], values[0])
+    assert model.acc[1].tolist() == [1, -2 & 0xFF, 0]
+
+
+def test_load_acc_round_trip_through_store():
+    values = np.array([[5, -6, 7], [-8, 9, -10], [11, 12, 13]], dtype="<i4")
+    _, result = run(WIDE, [load_acc(1, 3, 12, 0x100), store(1, 3, 12, 0x200, 16), end()],
+                    data=[(0x100, values)])
+    assert_done(result, 3)
+    stored = result.dram[0x200:0x200 + 48].view("<i4").reshape(3, 4)
+    assert np.array_equal(stored[:, :3], values)
+    assert not stored[:, 3].any()
+
+
+# PRELOAD / MATMUL -----------------------------------------------------------------------------
+
+def matmul_program(config, weights, activations):
+    """Load weights (R x C) and activations (T x R) and run one MATMUL into acc row 0."""
+    rows = activations.shape[0]
+    program = [
+        load_spad(0, config.rows, config.cols, 0x100),
+        preload(0),
+        load_spad(config.rows, rows, config.rows, 0x200),
+        matmul(config.rows, 0, rows),
+        store(0, rows, 4 * config.cols, 0x300),
+        end(),
+    ]
+    return program, [(0x100, weights), (0x200, activations)]
+
+
+@pytest.mark.parametrize("config", [WIDE, TALL], ids=["2x3", "3x2"])
+def test_matmul_against_numpy(config):
+    seed = 7
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(-128, 127, (config.rows, config.cols), dtype=np.int8, endpoint=True)
+    activations = rng.integers(-128, 127, (4, config.rows), dtype=np.int8, endpoint=True)
+    weights[0, 0] = activations[0, 0] = -128
+    program, data = matmul_program(config, weights, activations)
+    model, result = run(config, program, data)
+    assert_done(result, 6)
+    expected = activations.astype(np.int32) @ weights.astype(np.int32)
+    stored = result.dram[0x300:0x300 + 4 * expected.size].view("<i4").reshape(expected.shape)
+    assert np.array_equal(stored, expected)
+    assert np.array_equal(model.weights, weights)
+
+
+def test_matmul_ignores_lanes_outside_the_array():
+    # WIDE: scratchpad rows are 3 bytes, but activations use lanes 0..1 only.
+    # TALL: weight rows are 3 bytes, but weights use lanes 0..1 only.
+    rng = np.random.default_rng(11)
+    for config in (WIDE, TALL):
+        width = config.spad_row_bytes
+        weights = rng.integers(-128, 128, (config.rows, width), dtype=np.int8)
+        activations = rng.integers(-128, 128, (2, width), dtype=np.int8)
+        model, result = run(config, [
+            load_spad(0, config.rows, width, 0x100), preload(0),
+            load_spad(4, 2, width, 0x200), matmul(4, 1, 2), end(),
+        ], data=[(0x100, weights), (0x200, activations)])
+        assert_done(result, 5)
+        expected = (activations[:, :config.rows].astype(np.int32)
+                    @ weights[:, :config.cols].astype(np.int32))
+        assert np.array_equal(model.acc[1:3], expected)
+
+
+def test_matmul_overwrite_and_accumulate_with_wraparound():
+    weights = int8([[1, 1, 1], [0, 0, 0]])
+    activations = int8([[100, 0], [-100, 0], [1, 0]])
+    start = np.array([[(1 << 31) - 50] * 3, [-(1 << 31) + 10] * 3, [40] * 3], dtype="<i4")
+    model, result = run(WIDE, [
+        load_spad(0, 2, 3, 0x100), preload(0), load_spad(2, 3, 2, 0x200),
+        load_acc(0, 3, 12, 0x300),
+        matmul(2, 0, 2, accumulate=1),      # rows 0..1 add and wrap around
+        matmul(4, 2, 1, accumulate=0),      # row 2 is overwritten
+        end(),
+    ], data=[(0x100, weights), (0x200, activations), (0x300, start)])
+    assert_done(result, 7)
+    assert model.acc[0].tolist() == [-(1 << 31) + 50] * 3
+    assert model.acc[1].tolist() == [(1 << 31) - 90] * 3
+    assert model.acc[2].tolist() == [1] * 3
+
+
+def test_weights_never_preloaded_are_zero():
+    model, result = run(WIDE, [
+        load_acc(0, 1, 12, 0x100), load_spad(0, 2, 2, 0x200),
+        matmul(0, 0, 1, accumulate=0), end(),
+    ], data=[(0x100, np.array([9, 9, 9], dtype="<i4")), (0x200, int8([1, 2, 3, 4]))])
+    assert_done(result, 4)
+    assert not model.acc.any()
+
+
+def test_preload_takes_a_snapshot():
+    # Reloading the weight rows after PRELOAD must not change the weights in the array.
+    model, result = run(WIDE, [
+        load_spad(0, 2, 3, 0x100), preload(0), load_spad(0, 2, 3, 0x200),
+        load_spad(4, 1, 2, 0x300), matmul(4, 0, 1), end(),
+    ], data=[(0x100, int8([1, 2, 3, 4, 5, 6])), (0x200, int8([9] * 6)),
+             (0x300, int8([1, 1]))])
+    assert_done(result, 6)
+    assert model.acc[0].tolist() == [5, 7, 9]
+
+
+# STORE ----------------------------------------------------------------------------------------
+
+def test_store_prefix_and_stride_leave_other_bytes_alone():
+    values = np.array([[1, 2, 3], [4, 5, 6]], dtype="<i4")
+    dram_before = make_dram([load_acc(0, 2, 12, 0x100), store(0, 2, 8, 0x200, 10), end()],
+                            data=[(0x100, values), (0x200, np.full(32, 0xEE, np.uint8))])
+    result = ModelNPU(WIDE).run(dram_before, PROG_ADDR, 3)
+    assert_done(result, 3)
+    expected = np.full(32, 0xEE, dtype=np.uint8)
+    expected[0:8] = values[0, :2].view(np.uint8)
+    expected[10:18] = values[1, :2].view(np.uint8)
+    assert np.array_equal(result.dram[0x200:0x220], expected)
+    # Nothing else in the DRAM changed.
+    changed = np.flatnonzero(result.dram != dram_before)
+    assert changed.min() >= 0x200 and changed.max() < 0x220
+
+
+def test_store_overlapping_rows_later_row_wins():
+    values = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]], dtype="<i4")
+    _, result = run(WIDE, [load_acc(0, 3, 12, 0x100), store(0, 3, 12, 0x200, 4), end()],
+                    data=[(0x100, values)])
+    assert_done(result, 3)
+    assert result.dram[0x200:0x200 + 20].view("<i4").tolist() == [1, 4, 7, 8, 9]
+    _, result = run(WIDE, [load_acc(0, 3, 12, 0x100), store(0, 3, 8, 0x200, 0), end()],
+                    data=[(0x100, values)])
+    assert result.dram[0x200:0x208].view("<i4").tolist() == [7, 8]
+
+
+def test_random_strided_dma_against_row_loop():
+    seed = 2024
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    config = NPUConfig(rows=4, cols=4, spad_depth=16, acc_depth=16)
+    source = rng.integers(0, 256, 0x400, dtype=np.uint8)
+    for _ in range(30):
+        rows = int(rng.integers(1, 9))
+        spad_bytes = int(rng.integers(1, 5))
+        store_bytes = 4 * int(rng.integers(1, 5))
+        load_stride, store_stride = (int(stride) for stride in rng.integers(0, 40, 2))
+        program = [load_acc(2, rows, 16, 0x000, 16), load_spad(3, rows, spad_bytes, 0x0,
+                                                               load_stride),
+                   store(2, rows, store_bytes, 0x500, store_stride), end()]
+        model, result = run(config, program, data=[(0, source)], size=0x800, prog_addr=0x700)
+        assert_done(result, 4)
+        for row in range(rows):
+            start = row * load_stride
+            assert np.array_equal(model.spad[3 + row, :spad_bytes],
+                                  source[start:start + spad_bytes])
+            assert not model.spad[3 + row, spad_bytes:].any()
+        expected = np.zeros(0x200, dtype=np.uint8)
+        for row in range(rows):
+            start = row * store_stride
+            expected[start:start + store_bytes] = source[16 * row:16 * row + store_bytes]
+        assert np.array_equal(result.dram[0x500:0x700], expected)
+
+
+# Errors ---------------------------------------------------------------------------------------
+
+LOAD_ERROR_CASES = [
+    # (local_addr, rows, row_bytes, dram_addr, dram_stride, error)
+    (0, 0, 1, 0, 1, ErrorCode.BAD_LENGTH),
+    (0, 1, 0, 0, 1, ErrorCode.BAD_LENGTH),
+    (0, 0, 1, 0xFFFF_FFFF, 1 << 31, ErrorCode.BAD_LENGTH),      # before the DRAM check
+    (7, 2, 1, 0, 1, "range"),
+    (8, 1, 1, 0, 1, "range"),
+    (65535, 65535, 1, 0xFFFF_FFFF, 9, "range"),                 # before the DRAM check
+    (0, 1, 2, 0xFFFF_FFFF, 0, ErrorCode.DRAM_RANGE),
+    (0, 3, 1, 0x8000_0000, 0x4000_0000, ErrorCode.DRAM_RANGE),
+    (0, 1, 1, DRAM_SIZE, 0, ErrorCode.BUS_READ),
+    (0, 2, 1, DRAM_SIZE - 2, 2, ErrorCode.BUS_READ),
+    (0, 1, 1, 0xFFFF_FFFF, 0, ErrorCode.BUS_READ),              # ends exactly at 2**32
+]
+
+
+@pytest.mark.parametrize("case", LOAD_ERROR_CASES)
+@pytest.mark.parametrize("opcode", [Opcode.LOAD_SPAD, Opcode.LOAD_ACC],
+                         ids=lambda opcode: opcode.name)
+def test_load_errors(opcode, case):
+    *fields, error = case
+    local_addr, rows, row_bytes, dram_addr, dram_stride = fields
+    if error == "range":
+        error = ErrorCode.SPAD_RANGE if opcode is Opcode.LOAD_SPAD else ErrorCode.ACC_RANGE
+    instruction = (opcode, dict(local_addr=local_addr, rows=rows, row_bytes=row_bytes,
+                                dram_addr=dram_addr, dram_stride=dram_stride))
+    _, result = run(WIDE, [preload(0), preload(0), instruction, end()])
+    assert_error(result, error, 2)
+
+
+@pytest.mark.parametrize("opcode, width, range_error, depth", [
+    (Opcode.LOAD_SPAD, WIDE.spad_row_bytes, ErrorCode.SPAD_RANGE, WIDE.spad_depth),
+    (Opcode.LOAD_ACC, WIDE.acc_row_bytes, ErrorCode.ACC_RANGE, WIDE.acc_depth),
+], ids=["LOAD_SPAD", "LOAD_ACC"])
+def test_load_limits(opcode, width, range_error, depth):
+    def load(local_addr, rows, row_bytes, dram_addr=0):
+        return (opcode, dict(local_addr=local_addr, rows=rows, row_bytes=row_bytes,
+                             dram_addr=dram_addr, dram_stride=row_bytes))
+    # Exactly at every limit: fine.
+    _, result = run(WIDE, [load(0, depth, width), load(depth - 1, 1, width, DRAM_SIZE - width),
+                           end()])
+    assert_done(result, 3)
+    _, result = run(WIDE, [load(0, 1, width + 1), end()])
+    assert_error(result, ErrorCode.BAD_LENGTH, 0)
+    _, result = run(WIDE, [load(1, depth, width), end()])
+    assert_error(result, range_error, 0)
+
+
+def test_preload_range():
+    config = WIDE  # spad_depth 8, R = 2: the last legal weight base is row 6
+    _, result = run(config, [preload(6), end()])
+    assert_done(result, 2)
+    _, result = run(config, [preload(0), preload(7), end()])
+    assert_error(result, ErrorCode.SPAD_RANGE, 1)
+    _, result = run(config, [preload(65535), end()])
+    assert_error(result, ErrorCode.SPAD_RANGE, 0)
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(spad_addr=0, acc_addr=0, rows=0), ErrorCode.BAD_LENGTH),
+    (dict(spad_addr=99, acc_addr=99, rows=0), ErrorCode.BAD_LENGTH),
+    (dict(spad_addr=7, acc_addr=0, rows=2), ErrorCode.SPAD_RANGE),
+    (dict(spad_addr=0, acc_addr=0, rows=9), ErrorCode.SPAD_RANGE),
+    (dict(spad_addr=9, acc_addr=9, rows=1), ErrorCode.SPAD_RANGE),
+    (dict(spad_addr=0, acc_addr=3, rows=2), ErrorCode.ACC_RANGE),
+    (dict(spad_addr=0, acc_addr=0, rows=5), ErrorCode.ACC_RANGE),
+    (dict(spad_addr=4, acc_addr=0, rows=4), None),
+])
+def test_matmul_errors(fields, error):
+    _, result = run(WIDE, [preload(0), (Opcode.MATMUL, dict(fields, accumulate=1)), end()])
+    if error is None:
+        assert_done(result, 3)
+    else:
+        assert_error(result, error, 1)
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(acc_addr=0, rows=0, row_bytes=4, dram_addr=0), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=0, rows=1, row_bytes=0, dram_addr=0), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=0, rows=1, row_bytes=6, dram_addr=0), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=0, rows=1, row_bytes=16, dram_addr=0), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=9, rows=1, row_bytes=5, dram_addr=0xFFFF_FFFF), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=3, rows=2, row_bytes=4, dram_addr=0), ErrorCode.ACC_RANGE),
+    (dict(acc_addr=4, rows=1, row_bytes=4, dram_addr=0xFFFF_FFFF), ErrorCode.ACC_RANGE),
+    (dict(acc_addr=0, rows=1, row_bytes=8, dram_addr=0xFFFF_FFFC), ErrorCode.DRAM_RANGE),
+    (dict(acc_addr=0, rows=2, row_bytes=4, dram_addr=0, dram_stride=0xFFFF_FFFD),
+     ErrorCode.DRAM_RANGE),
+    (dict(acc_addr=0, rows=1, row_bytes=4, dram_addr=DRAM_SIZE - 2), ErrorCode.BUS_WRITE),
+    (dict(acc_addr=0, rows=4, row_bytes=12, dram_addr=DRAM_SIZE - 40, dram_stride=12),
+     ErrorCode.BUS_WRITE),
+    (dict(acc_addr=0, rows=4, row_bytes=12, dram_addr=DRAM_SIZE - 48, dram_stride=12), None),
+])
+def test_store_errors(fields, error):
+    fields = dict(dict(dram_stride=fields["row_bytes"]), **fields)
+    dram = make_dram([load_acc(0, 4, 12, 0x100), (Opcode.STORE, fields), end()],
+                     data=[(0x100, np.arange(1, 13, dtype="<i4"))])
+    result = ModelNPU(WIDE).run(dram, PROG_ADDR, 3)
+    if error is None:
+        assert_done(result, 3)
+        assert np.array_equal(result.dram[-48:].view("<i4"), np.arange(1, 13))
+    else:
+        assert_error(result, error, 1)
+        # The model moves nothing in a failing STORE.
+        assert np.array_equal(result.dram, dram)

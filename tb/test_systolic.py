@@ -1,0 +1,159 @@
+"""Unit tests of :class:`hw.systolic.SystolicArray`: skew, alignment, latency and weight
+double-buffering, starting with the seeds' section 1.2 trace."""
+
+import numpy as np
+import pytest
+
+from amaranth_sim import run_simulation
+from hw.systolic import SystolicArray
+
+
+def _simulate(dut, schedule, extra_cycles, *, garbage_rng=None):
+    """Drive ``schedule`` (one ``(act_row, commit, weight_row)`` per cycle, ``None`` for no
+    transfer) and return ``trace``: ``trace[n]`` is ``(south, result_valid, result_row)`` read
+    after tick ``n`` (``trace[0]`` before the first tick). Entry ``s`` of the schedule is
+    applied after ``s`` ticks.
+
+    Idle ``act`` cycles carry random lanes and commit flags from ``garbage_rng`` when given:
+    the array must ignore whatever is on an invalid stream.
+    """
+    rows, cols = dut.rows, dut.cols
+    trace = []
+
+    def observe(ctx):
+        trace.append(([ctx.get(dut.south[j]) for j in range(cols)],
+                      ctx.get(dut.result.valid),
+                      [ctx.get(dut.result.payload[j]) for j in range(cols)]))
+
+    async def testbench(ctx):
+        observe(ctx)
+        for act, commit, weight in list(schedule) + [(None, 0, None)] * extra_cycles:
+            if act is not None:
+                ctx.set(dut.act.payload.lanes, [int(a) for a in act])
+                ctx.set(dut.act.payload.commit, commit)
+                ctx.set(dut.act.valid, 1)
+            else:
+                if garbage_rng is not None:
+                    ctx.set(dut.act.payload.lanes,
+                            [int(a) for a in garbage_rng.integers(-128, 128, size=rows)])
+                    ctx.set(dut.act.payload.commit, int(garbage_rng.integers(0, 2)))
+                ctx.set(dut.act.valid, 0)
+            if weight is not None:
+                ctx.set(dut.weight.payload, [int(w) for w in weight])
+                ctx.set(dut.weight.valid, 1)
+            else:
+                if garbage_rng is not None:
+                    ctx.set(dut.weight.payload,
+                            [int(w) for w in garbage_rng.integers(-128, 128, size=cols)])
+                ctx.set(dut.weight.valid, 0)
+            await ctx.tick()
+            observe(ctx)
+
+    run_simulation(dut, testbench, vcd_name=f"systolic_{rows}x{cols}")
+    return trace
+
+
+def _preload(weights):
+    """Schedule entries that shift a weight tile in: row R-1 first, row 0 last."""
+    return [(None, 0, weights[i]) for i in reversed(range(len(weights)))]
+
+
+def _check_results(trace, input_ticks, expected, latency, context):
+    """Each expected row leaves ``result`` exactly ``latency`` ticks after its input (applied
+    after ``input_ticks[k]`` ticks), and ``result.valid`` is low after every other tick."""
+    output_ticks = {tick + latency: row for tick, row in zip(input_ticks, expected)}
+    for tick, (_, valid, payload) in enumerate(trace):
+        if tick in output_ticks:
+            want = [int(v) for v in output_ticks[tick]]
+            assert valid == 1, f"{context}: no result after tick {tick}"
+            assert payload == want, f"{context}: after tick {tick}, result {payload} != {want}"
+        else:
+            assert valid == 0, f"{context}: spurious result {payload} after tick {tick}"
+
+
+def test_seeds_trace_2x2():
+    """Seeds section 1.2: W = [[1, 2], [3, 4]], X streamed column by column (A = X^T).
+
+    The first activation is on ``act`` before the first tick (cycle 1); after tick c the
+    south edge shows Y[1,1] = 26 in cycle 2, Y[1,2] = 30 and Y[2,1] = 38 in cycle 3, and
+    Y[2,2] = 44 in cycle 4, each in its column, zero elsewhere.
+    """
+    dut = SystolicArray(2, 2)
+    weights = [[1, 2], [3, 4]]
+    schedule = _preload(weights) + [([5, 7], 1, None), ([6, 8], 0, None)]
+    trace = _simulate(dut, schedule, extra_cycles=4)
+    after_preload = trace[len(weights):]   # after_preload[c]: after the c-th tick from cycle 1
+    south = {c: after_preload[c][0] for c in range(1, 6)}
+    assert south == {
+        1: [0, 0],
+        2: [26, 0],    # Y[1,1] in column 0
+        3: [30, 38],   # Y[1,2] in column 0, Y[2,1] in column 1
+        4: [0, 44],    # Y[2,2] in column 1
+        5: [0, 0],
+    }, south
+    # Aligned: rows [26, 38] and [30, 44], latency = R + C - 1 = 3 ticks after each input.
+    assert dut.latency == 3
+    results = {c: after_preload[c][2] for c in range(1, 6) if after_preload[c][1]}
+    assert results == {3: [26, 38], 4: [30, 44]}, results
+    first_input_tick = len(weights)   # the first activation is applied after the preload ticks
+    _check_results(trace, [first_input_tick, first_input_tick + 1], [[26, 38], [30, 44]],
+                   dut.latency, "seeds trace")
+
+
+@pytest.mark.parametrize("rows, cols, seed", [
+    (3, 5, 11), (5, 3, 12), (1, 1, 13), (4, 4, 14), (2, 3, 15),
+])
+def test_random_tile_with_bubbles(rows, cols, seed):
+    """A random full-range INT8 tile, streamed with random idle cycles that carry garbage:
+    every result row is exact and leaves exactly ``latency`` ticks after its input."""
+    rng = np.random.default_rng(seed)
+    length = 9
+    weights = rng.integers(-128, 128, size=(rows, cols))
+    acts = rng.integers(-128, 128, size=(length, rows))
+    weights[0, 0] = acts[0, 0] = -128
+    acts[1, 0] = 127
+    schedule = _preload(weights)
+    input_ticks = []
+    for t in range(length):
+        while rng.random() < 0.3:
+            schedule.append((None, 0, None))
+        input_ticks.append(len(schedule))
+        schedule.append((acts[t], int(t == 0), None))
+    dut = SystolicArray(rows, cols)
+    trace = _simulate(dut, schedule, dut.latency + 2, garbage_rng=rng)
+    _check_results(trace, input_ticks, acts @ weights, dut.latency,
+                   f"{rows}x{cols} seed {seed}")
+
+
+@pytest.mark.parametrize("rows, cols, seed", [
+    (2, 2, 21), (3, 5, 22), (5, 3, 23), (1, 1, 24), (4, 4, 25),
+])
+def test_back_to_back_tiles(rows, cols, seed):
+    """Three tiles streamed without a gap: the next tile's weights are shifted into the
+    shadow registers during the last R rows of the current tile (as soon as the current
+    commit wavefront has passed the last PE), and commit rides with the next tile's first
+    row. Every result of every tile is exact."""
+    rng = np.random.default_rng(seed)
+    tiles = 3
+    # The shift may start once PE(R-1, C-1) has committed (R + C - 2 cycles after the first
+    # row) and takes R cycles, so a tile needs at least 2R + C - 2 rows; the first is tight.
+    shortest = 2 * rows + cols - 2
+    lengths = [shortest] + [shortest + int(rng.integers(0, 3)) for _ in range(tiles - 1)]
+    weights = [rng.integers(-128, 128, size=(rows, cols)) for _ in range(tiles)]
+    acts = [rng.integers(-128, 128, size=(length, rows)) for length in lengths]
+    schedule = _preload(weights[0])
+    input_ticks = []
+    for k in range(tiles):
+        shift_from = lengths[k] - rows   # shift the next tile's weights in the last R rows
+        for t in range(lengths[k]):
+            weight = None
+            if k + 1 < tiles and t >= shift_from:
+                weight = weights[k + 1][rows - 1 - (t - shift_from)]
+            input_ticks.append(len(schedule))
+            schedule.append((acts[k][t], int(t == 0), weight))
+    dut = SystolicArray(rows, cols)
+    trace = _simulate(dut, schedule, dut.latency + 2)
+    expected = np.concatenate([a @ w for a, w in zip(acts, weights)])
+    _check_results(trace, input_ticks, expected, dut.latency,
+                   f"{rows}x{cols} seed {seed}, tile lengths {lengths}")
+
