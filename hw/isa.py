@@ -13,7 +13,7 @@ from amaranth.lib import data, enum
 __all__ = [
     "Opcode", "LoadArgs", "StoreArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
     "INSTR_BITS", "INSTR_BYTES", "ErrorCode", "Reg", "MAGIC", "VERSION",
-    "Status", "Control", "encode", "decode", "opcode_of",
+    "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
 ]
 
 
@@ -67,18 +67,18 @@ class MatmulArgs(data.Struct):
 
 
 class Arguments(data.Union):
+    """The operands of an instruction; which member is meant depends on the opcode."""
     load:    LoadArgs
     store:   StoreArgs
     preload: PreloadArgs
     matmul:  MatmulArgs
+    raw:     112
 
 
 class Instruction(data.Struct):
     opcode:   8   # an :class:`Opcode` value; kept as raw bits so illegal values can be seen
     reserved: 8
-    args:     data.UnionLayout({"load": LoadArgs, "store": StoreArgs,
-                                "preload": PreloadArgs, "matmul": MatmulArgs,
-                                "raw": 112})
+    args:     Arguments
 
 
 INSTR_BITS = data.Layout.cast(Instruction).size
@@ -95,6 +95,14 @@ _ARG_FIELD = {
 }
 
 
+def argument_layout(opcode):
+    """The :class:`data.StructLayout` of ``opcode``'s operands, or ``None`` if it has none."""
+    opcode = Opcode(opcode)
+    if opcode not in _ARG_FIELD:
+        return None
+    return data.Layout.cast(data.Layout.cast(Arguments)[_ARG_FIELD[opcode]].shape)
+
+
 def encode(opcode, **fields):
     """Encode one instruction into its 128-bit integer, through the :class:`Instruction` layout.
 
@@ -104,6 +112,15 @@ def encode(opcode, **fields):
     opcode = Opcode(opcode)
     value = {"opcode": opcode.value}
     if opcode in _ARG_FIELD:
+        layout = argument_layout(opcode)
+        names = {name for name, _ in layout}
+        if set(fields) != names:
+            raise ValueError(f"{opcode.name} takes the fields {sorted(names)}, "
+                             f"not {sorted(fields)}")
+        for name, field in layout:
+            if not 0 <= fields[name] < (1 << field.width):
+                raise ValueError(f"{opcode.name}.{name} must fit in {field.width} bits, "
+                                 f"not {fields[name]!r}")
         value["args"] = {_ARG_FIELD[opcode]: fields}
     elif fields:
         raise ValueError(f"{opcode.name} takes no fields, not {sorted(fields)}")

@@ -50,28 +50,12 @@ _ARGS_OFFSET = _INSTRUCTION["args"].offset
 _WORD_MASK = (1 << isa.INSTR_BITS) - 1
 
 
-def _argument_structs():
-    """The struct layouts that the ``args`` union can hold (skipping its raw bit view)."""
-    for _, member in _INSTRUCTION["args"].shape:
-        try:
-            layout = data.Layout.cast(member.shape)
-        except TypeError:
-            continue
-        if isinstance(layout, data.StructLayout):
-            yield layout
-
-
 def _fields_of(opcode):
-    # hw.isa.decode names the fields of each opcode; the matching struct gives their offsets.
-    _, fields = isa.decode(isa.encode(opcode))
-    if not fields:
+    layout = isa.argument_layout(opcode)
+    if layout is None:
         return ()
-    for layout in _argument_structs():
-        if {name for name, _ in layout} == set(fields):
-            return tuple(FieldSpec(name, _ARGS_OFFSET + layout[name].offset, layout[name].width)
-                         for name in fields)
-    raise RuntimeError(f"no argument layout in hw.isa.Instruction has the fields of "
-                       f"{opcode.name}: {sorted(fields)}")
+    return tuple(FieldSpec(name, _ARGS_OFFSET + field.offset, field.width)
+                 for name, field in layout)
 
 
 #: The fields of each opcode, in layout order, with absolute bit offsets.

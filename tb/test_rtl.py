@@ -5,6 +5,7 @@ simulation, one program after another without a reset, checked bit-exactly again
 Set ``NPU_SEED`` to reproduce a run; the seed of every case is in its failure message.
 """
 
+import json
 import os
 
 import numpy as np
@@ -12,17 +13,20 @@ import pytest
 
 from hw.config import NPUConfig
 from sim.runner import run_cocotb
+from sw import cli
 from sw.driver import gemm_batch, reference_gemm
 
 
 pytestmark = pytest.mark.rtl
 
 SIMULATORS = ["verilator", "icarus"]
-CONFIGS = ["3x5", "4x4", "8x8"]
+#: (name, bus width): a non-square array, and every AXI data width.
+CONFIGS = [("3x5", 64), ("4x4", 64), ("8x8", 64), ("5x3", 32), ("4x4", 128)]
 BASE_SEED = int(os.environ.get("NPU_SEED", "20261202"))
+FULL = os.environ.get("NPU_FULL") == "1"
 
 
-def _shapes(config, sim, rng):
+def _shapes(config, sim, rng, count):
     """Shapes with 1s, primes, K >> R, N >> C, M >> both, and random ones."""
     r, c = config.rows, config.cols
     shapes = [
@@ -32,8 +36,8 @@ def _shapes(config, sim, rng):
         (97, 5, 3),                 # M much larger than R and C
         (r, r, c), (r + 1, r + 1, c + 1),
     ]
-    limit = 24 if sim == "icarus" else 60
-    for _ in range(2 if sim == "icarus" else 4):
+    limit = 24 if sim == "icarus" else 70
+    for _ in range(count):
         shapes.append(tuple(int(v) for v in rng.integers(1, limit, size=3)))
     return shapes
 
@@ -46,24 +50,73 @@ def _operands(m, k, n, rng, case):
             rng.integers(-128, 128, size=(k, n), dtype=np.int8))
 
 
-@pytest.mark.parametrize("config_name", CONFIGS)
+@pytest.mark.parametrize("config_name, bus_width", CONFIGS)
 @pytest.mark.parametrize("sim", SIMULATORS)
-def test_gemms_bit_exact(sim, config_name):
-    config = NPUConfig.from_name(config_name)
-    seed = BASE_SEED + sum(map(ord, sim + config_name))
+def test_gemms_bit_exact(sim, config_name, bus_width):
+    config = NPUConfig.from_name(config_name, bus_width=bus_width)
+    seed = BASE_SEED + sum(map(ord, f"{sim}{config_name}{bus_width}"))
     print(f"seed {seed} (NPU_SEED={BASE_SEED})")
     rng = np.random.default_rng(seed)
-    shapes = _shapes(config, sim, rng)
+    # 100 random shapes under Verilator and 40 under Icarus (which is ~50x slower), times 4
+    # with NPU_FULL=1, on top of the 9 chosen shapes per config.
+    random_shapes = {"verilator": 20, "icarus": 8}[sim] * (4 if FULL else 1)
+    shapes = _shapes(config, sim, rng, random_shapes)
     pairs = [_operands(m, k, n, rng, case) for case, (m, k, n) in enumerate(shapes)]
     results = gemm_batch(pairs, config=config, sim=sim)
     for (m, k, n), (a, b), result in zip(shapes, pairs, results):
         expected = reference_gemm(a, b)
         assert result.c.dtype == np.int32
         assert np.array_equal(result.c, expected), (
-            f"{m}x{k}x{n} on {config_name} under {sim} differs (seed {seed})")
+            f"{m}x{k}x{n} on {config_name} ({bus_width}-bit bus) under {sim} differs "
+            f"(seed {seed}; reproduce: NPU_SEED={BASE_SEED} .venv/bin/pytest "
+            f"'tb/test_rtl.py::test_gemms_bit_exact[{sim}-{config_name}-{bus_width}]')")
         assert result.cycles > 0
 
 
 @pytest.mark.parametrize("sim", SIMULATORS)
 def test_top_level(sim):
     run_cocotb(NPUConfig(rows=2, cols=3, spad_depth=64, acc_depth=16), sim, "tb.cocotb_top")
+
+
+@pytest.mark.parametrize("sim", SIMULATORS)
+def test_cli_gemm_json(sim, capsys):
+    """The acceptance command: 37 x 83 x 29 on 4x4 is bit-exact, with the cycle counter."""
+    status = cli.main(["gemm", "--m", "37", "--k", "83", "--n", "29", "--config", "4x4",
+                       "--sim", sim, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert report["bit_exact"] is True
+    assert (report["m"], report["k"], report["n"]) == (37, 83, 29)
+    assert (report["rows"], report["cols"], report["sim"]) == (4, 4, sim)
+    assert report["macs"] == 37 * 83 * 29
+    assert report["weight_tiles"] == 21 * 8
+    assert report["utilization"] == report["macs"] / (report["cycles"] * 16)
+
+
+def test_cli_gemm_files(tmp_path):
+    """`npu gemm --a A.npy --b B.npy --out C.npy` writes exactly A @ B."""
+    rng = np.random.default_rng(BASE_SEED)
+    a = rng.integers(-128, 128, size=(19, 23), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(23, 6), dtype=np.int8)
+    a[0, :] = -128
+    b[:, 0] = -128
+    np.save(tmp_path / "A.npy", a)
+    np.save(tmp_path / "B.npy", b)
+    status = cli.main(["gemm", "--a", str(tmp_path / "A.npy"), "--b", str(tmp_path / "B.npy"),
+                       "--out", str(tmp_path / "C.npy"), "--config", "4x4",
+                       "--sim", "verilator"])
+    assert status == 0
+    c = np.load(tmp_path / "C.npy")
+    assert c.dtype == np.int32
+    assert np.array_equal(c, a.astype(np.int32) @ b.astype(np.int32))
+
+
+def test_same_cycles_on_both_simulators():
+    """Cycle counts are a property of the RTL, not of the simulator."""
+    rng = np.random.default_rng(BASE_SEED)
+    a = rng.integers(-128, 128, size=(11, 10), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(10, 7), dtype=np.int8)
+    config = NPUConfig.from_name("3x5")
+    cycles = {sim: gemm_batch([(a, b)], config=config, sim=sim)[0].cycles
+              for sim in SIMULATORS}
+    assert cycles["verilator"] == cycles["icarus"]
