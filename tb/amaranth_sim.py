@@ -8,6 +8,7 @@ two edges.
 """
 
 import os
+import re
 from collections import deque
 from pathlib import Path
 
@@ -21,13 +22,29 @@ __all__ = ["run_simulation", "wrap32", "AXI4MemoryModel", "axil_read", "axil_wri
 
 
 WAVES_DIR = Path(__file__).resolve().parent.parent / "build" / "waves"
+_waves_written = set()
+
+
+def _waves_path(vcd_name, dut):
+    """``build/waves/<name>.vcd``, named after the running pytest test unless ``vcd_name``
+    is given; a second simulation in the same test gets ``_2``, and so on."""
+    if vcd_name is None:
+        test = os.environ.get("PYTEST_CURRENT_TEST", type(dut).__name__).split(" ")[0]
+        vcd_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", test.rsplit("/", 1)[-1]).strip("_")
+    name, count = vcd_name, 1
+    while name in _waves_written:
+        count += 1
+        name = f"{vcd_name}_{count}"
+    _waves_written.add(name)
+    return WAVES_DIR / f"{name}.vcd"
 
 
 def run_simulation(dut, *testbenches, processes=(), vcd_name=None):
     """Simulate ``dut`` with a 1 MHz ``sync`` clock until every testbench has returned.
 
     ``processes`` are background async processes (bus models) that run as long as the
-    testbenches do. An exception in any of them fails the simulation.
+    testbenches do. An exception in any of them fails the simulation. With ``WAVES=1`` in
+    the environment the waveforms go to ``build/waves/`` (see :func:`_waves_path`).
     """
     sim = Simulator(dut)
     sim.add_clock(1e-6)
@@ -36,8 +53,8 @@ def run_simulation(dut, *testbenches, processes=(), vcd_name=None):
     for process in processes:
         sim.add_process(process)
     if os.environ.get("WAVES") == "1":
-        WAVES_DIR.mkdir(parents=True, exist_ok=True)
-        path = WAVES_DIR / f"{vcd_name or type(dut).__name__}.vcd"
+        path = _waves_path(vcd_name, dut)
+        path.parent.mkdir(parents=True, exist_ok=True)
         with sim.write_vcd(str(path)):
             sim.run()
     else:
@@ -81,6 +98,7 @@ class AXI4MemoryModel:
         self.bus = bus
         self.bus_bytes = data_width // 8
         self.seed = seed
+        print(f"AXI4MemoryModel: seed {seed}")   # shown by pytest when a test fails
         self.rng = np.random.default_rng(seed)
         self.ready_probability = ready_probability
         self.max_latency = max_latency

@@ -40,7 +40,7 @@ def _run_writes(dut, writes, *, check_busy=True):
             await ctx.tick()
             rows.append([ctx.get(dut.read_data[lane]) for lane in range(dut.cols)])
 
-    run_simulation(dut, testbench, vcd_name="accumulator")
+    run_simulation(dut, testbench)
     return rows
 
 

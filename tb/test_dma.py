@@ -16,6 +16,10 @@ from hw.dma import DMA
 ROW_BYTES = 20           # a 3x5 array's accumulator row: not a power of two
 WIDTHS = (32, 64, 128)
 TIMEOUT = 2000           # cycles any one block may take
+MODEL_TIMING = {
+    "stalls": dict(ready_probability=0.6, max_latency=5),
+    "full_rate": dict(ready_probability=1.0, max_latency=0),   # every handshake at once
+}
 
 
 def _fill(model, rng, start, length):
@@ -109,12 +113,13 @@ def _blocks(rng, bus_bytes):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_read_blocks(width):
+@pytest.mark.parametrize("stalls", ["stalls", "full_rate"])
+def test_read_blocks(width, stalls):
     """Each row of a 2-D strided block comes back exactly, bytes past row_bytes zero."""
-    seed = 0xD0A0 + width
+    seed = 0xD0A0 + width + (stalls == "full_rate")
     rng = np.random.default_rng(seed)
     dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
-    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, **MODEL_TIMING[stalls])
     blocks = _blocks(rng, width // 8)
     for addr, rows, row_bytes, stride in blocks:
         _fill(model, rng, addr, (rows - 1) * stride + row_bytes)
@@ -133,18 +138,19 @@ def test_read_blocks(width):
             assert model.idle and ctx.get(dut.idle), f"{where}: not idle after read_done"
         assert model.written == {}
 
-    run_simulation(dut, testbench, processes=[model.process], vcd_name=f"dma_read_{width}")
+    run_simulation(dut, testbench, processes=[model.process])
     assert len(model.read_bursts) > sum(rows for _, rows, _, _ in blocks)
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_write_blocks(width):
+@pytest.mark.parametrize("stalls", ["stalls", "full_rate"])
+def test_write_blocks(width, stalls):
     """Exactly the bytes of each row's first row_bytes are written (wstrb), nothing else,
     although the rows offered carry non-zero bytes past row_bytes."""
-    seed = 0xD0B0 + width
+    seed = 0xD0B0 + width + (stalls == "full_rate")
     rng = np.random.default_rng(seed)
     dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
-    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, **MODEL_TIMING[stalls])
     blocks = _blocks(rng, width // 8)
 
     async def testbench(ctx):
@@ -160,7 +166,7 @@ def test_write_blocks(width):
             await ctx.tick()
             assert ctx.get(dut.idle), f"{where}: not idle after write_done"
 
-    run_simulation(dut, testbench, processes=[model.process], vcd_name=f"dma_write_{width}")
+    run_simulation(dut, testbench, processes=[model.process])
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -182,8 +188,7 @@ def test_read_and_write_at_once(width):
         outcome["write"] = await write_block(ctx, dut, rng, write_addr, rows, ROW_BYTES - 3,
                                              stride, payloads)
 
-    run_simulation(dut, reader, writer, processes=[model.process],
-                   vcd_name=f"dma_both_{width}")
+    run_simulation(dut, reader, writer, processes=[model.process])
     assert outcome["read"] == ([_expected_row(model, read_addr + row * stride, ROW_BYTES,
                                               ROW_BYTES) for row in range(rows)], 0)
     assert outcome["write"] == 0
@@ -226,8 +231,7 @@ def test_bus_errors(width, resp):
         assert error == 0, f"seed {seed}: write_error stuck"
         assert model.written == _expected_writes(base + 0x901, 4, 4, payloads)
 
-    run_simulation(dut, testbench, processes=[model.process],
-                   vcd_name=f"dma_errors_{width}_{resp.name}")
+    run_simulation(dut, testbench, processes=[model.process])
 
 
 def test_long_rows_split_at_256_beats_and_4k():
@@ -237,7 +241,7 @@ def test_long_rows_split_at_256_beats_and_4k():
     rng = np.random.default_rng(seed)
     width, row_bytes = 32, 1040
     dut = DMA(data_width=width, read_row_bytes=row_bytes, write_row_bytes=row_bytes)
-    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, ready_probability=0.9)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, ready_probability=0.8)
     # Row 0 at 0x2001: 261 beats from 0x2000, cut at 256. Row 1 at 0x3F02: cut at 0x4000.
     addr, stride = 0x2001, 0x1F01
     _fill(model, rng, addr, stride + row_bytes)
@@ -255,4 +259,4 @@ def test_long_rows_split_at_256_beats_and_4k():
         assert model.write_bursts == [(0x12000, 256), (0x12400, 5), (0x13F00, 64),
                                       (0x14000, 197)]
 
-    run_simulation(dut, testbench, processes=[model.process], vcd_name="dma_long_rows")
+    run_simulation(dut, testbench, processes=[model.process])

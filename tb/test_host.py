@@ -47,7 +47,7 @@ def test_identification_registers():
         assert await axil_read(ctx, dut.bus, Reg.MAGIC) == MAGIC
         assert await axil_read(ctx, dut.bus, Reg.SHAPE) == 3 | 5 << 16
 
-    run_simulation(dut, testbench, vcd_name="host_id")
+    run_simulation(dut, testbench)
 
 
 def test_program_registers_read_back():
@@ -68,7 +68,7 @@ def test_program_registers_read_back():
         await axil_write(ctx, dut.bus, Reg.PROG_LEN, 0xFFFF_FFFF, strobe=0b1000)
         assert await axil_read(ctx, dut.bus, Reg.PROG_LEN) == 0xFF01_2345
 
-    run_simulation(dut, testbench, vcd_name="host_prog")
+    run_simulation(dut, testbench)
 
 
 def test_control_pulses_once():
@@ -105,8 +105,7 @@ def test_control_pulses_once():
         await ctx.tick()
         assert len(pulses["start"]) == 2 and len(pulses["soft_reset"]) == 1
 
-    run_simulation(dut, testbench, processes=[_pulse_monitor(dut, pulses)],
-                   vcd_name="host_control")
+    run_simulation(dut, testbench, processes=[_pulse_monitor(dut, pulses)])
 
 
 def test_status_registers_follow_inputs():
@@ -145,4 +144,4 @@ def test_status_registers_follow_inputs():
         assert ctx.get(dut.bus.rvalid) == 0
         assert await axil_read(ctx, dut.bus, Reg.PC) == 0x0BAD_CAFE
 
-    run_simulation(dut, testbench, vcd_name="host_status")
+    run_simulation(dut, testbench)

@@ -41,4 +41,4 @@ def test_skewed_stream_times_weights(rows, cols, seed):
                 assert got == want, \
                     f"seed {seed}: after tick {cycle + 1}, south[{j}] = {got}, expected {want}"
 
-    run_simulation(dut, testbench, vcd_name=f"mesh_{rows}x{cols}")
+    run_simulation(dut, testbench)

@@ -57,7 +57,7 @@ def test_mac_full_int8_range():
             assert got == wrap32(psum + weight * a), \
                 f"seed {seed}: w={weight} a={a} psum={psum}: psum_out={got}"
 
-    run_simulation(dut, testbench, vcd_name="pe_mac")
+    run_simulation(dut, testbench)
 
 
 def test_shadow_shift_keeps_active_weight():
@@ -82,7 +82,7 @@ def test_shadow_shift_keeps_active_weight():
             assert await _mac(ctx, dut, 2, 0) == 14
             assert ctx.get(dut.w_out) == 99
 
-    run_simulation(dut, testbench, vcd_name="pe_shadow")
+    run_simulation(dut, testbench)
 
 
 def test_commit_takes_effect_in_its_own_cycle():
@@ -106,7 +106,7 @@ def test_commit_takes_effect_in_its_own_cycle():
         assert ctx.get(dut.w_out) == 3
         assert await _mac(ctx, dut, 2, 0) == -256
 
-    run_simulation(dut, testbench, vcd_name="pe_commit")
+    run_simulation(dut, testbench)
 
 
 def test_activation_and_commit_forwarding():
@@ -128,4 +128,4 @@ def test_activation_and_commit_forwarding():
             assert (ctx.get(dut.a_out), ctx.get(dut.commit_out)) == (a, commit), f"seed {seed}"
             previous = (a, commit)
 
-    run_simulation(dut, testbench, vcd_name="pe_forward")
+    run_simulation(dut, testbench)

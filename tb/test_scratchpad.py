@@ -30,7 +30,7 @@ def test_write_then_read_every_row():
             assert got == contents[addr], \
                 f"seed {seed}: row {addr} reads {got:#x}, wrote {contents[addr]:#x}"
 
-    run_simulation(dut, testbench, vcd_name="scratchpad_rows")
+    run_simulation(dut, testbench)
 
 
 def test_read_latency_is_one_cycle():
@@ -77,4 +77,4 @@ def test_read_latency_is_one_cycle():
         await ctx.tick()
         assert ctx.get(dut.read_data) == 0xA5A5A5A5
 
-    run_simulation(dut, testbench, vcd_name="scratchpad_latency")
+    run_simulation(dut, testbench)

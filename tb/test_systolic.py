@@ -49,7 +49,7 @@ def _simulate(dut, schedule, extra_cycles, *, garbage_rng=None):
             await ctx.tick()
             observe(ctx)
 
-    run_simulation(dut, testbench, vcd_name=f"systolic_{rows}x{cols}")
+    run_simulation(dut, testbench)
     return trace
 
 

@@ -1,0 +1,423 @@
+"""Unit tests of :class:`hw.controller.Controller`, run inside :class:`hw.top.NPU`.
+
+The DRAM is :class:`amaranth_sim.AXI4MemoryModel` on ``m_axi`` (random stalls and latency,
+bus rules checked), and the tests play the host on ``s_axil``. Every program must end with
+``irq`` high within a bounded number of cycles: done with the exact result in DRAM, or an
+error with the right :class:`ErrorCode` and ``ERROR_PC``.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from amaranth_sim import AXI4MemoryModel, axil_read, axil_write, run_simulation, wrap32
+from hw.axi import Resp
+from hw.config import NPUConfig
+from hw.isa import INSTR_BYTES, Control, ErrorCode, Opcode, Reg, Status, encode
+from hw.top import NPU
+
+
+CONFIG = NPUConfig(rows=2, cols=2, spad_depth=16, acc_depth=8, bus_width=64)
+PROG_ADDR = 0x100
+TIMEOUT = 5000   # cycles: far more than any program here needs
+
+
+def load_spad(local_addr, rows, row_bytes, dram_addr, dram_stride):
+    return encode(Opcode.LOAD_SPAD, local_addr=local_addr, rows=rows, row_bytes=row_bytes,
+                  dram_addr=dram_addr, dram_stride=dram_stride)
+
+
+def load_acc(local_addr, rows, row_bytes, dram_addr, dram_stride):
+    return encode(Opcode.LOAD_ACC, local_addr=local_addr, rows=rows, row_bytes=row_bytes,
+                  dram_addr=dram_addr, dram_stride=dram_stride)
+
+
+def preload(spad_addr):
+    return encode(Opcode.PRELOAD, spad_addr=spad_addr)
+
+
+def matmul(spad_addr, acc_addr, rows, accumulate):
+    return encode(Opcode.MATMUL, spad_addr=spad_addr, acc_addr=acc_addr, rows=rows,
+                  accumulate=accumulate)
+
+
+def store(acc_addr, rows, row_bytes, dram_addr, dram_stride):
+    return encode(Opcode.STORE, acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
+                  dram_addr=dram_addr, dram_stride=dram_stride)
+
+
+END = encode(Opcode.END)
+
+
+def program_bytes(words):
+    return b"".join(word.to_bytes(INSTR_BYTES, "little") for word in words)
+
+
+@dataclass
+class Job:
+    """One program run: written to DRAM at ``prog_addr``, started, waited for."""
+    words: list
+    prog_addr: int = PROG_ADDR
+    prog_len: int = None           # default: len(words)
+    data: list = field(default_factory=list)   # (addr, bytes) put in DRAM first
+    soft_reset_before: bool = False
+    soft_reset_after: int = None   # cycles after start: stop the program with a soft reset
+
+
+@dataclass
+class Outcome:
+    status: int
+    error_pc: int
+    pc: int
+    cycles: int
+    irq: int
+    written: dict   # every DRAM byte the program wrote, address -> value
+    running_status: int   # STATUS read right after the start
+
+    @property
+    def code(self):
+        return ErrorCode((self.status >> Status.CODE_SHIFT) & 0xFF)
+
+
+def run_jobs(jobs, *, seed, read_errors=(), write_errors=(), config=CONFIG, **timing):
+    """Run ``jobs`` one after another on one NPU; returns ``(outcomes, model)``.
+
+    ``timing`` goes to the memory model (``ready_probability``, ``max_latency``).
+    """
+    dut = NPU(config)
+    model = AXI4MemoryModel(dut.m_axi, data_width=config.bus_width, seed=seed,
+                            read_errors=read_errors, write_errors=write_errors, **timing)
+    outcomes = []
+
+    async def host(ctx):
+        bus = dut.s_axil
+        for job in jobs:
+            if job.soft_reset_before:
+                await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
+                for _ in range(3):
+                    await ctx.tick()
+                assert ctx.get(dut.irq) == 0, "irq still high after a soft reset"
+                assert await axil_read(ctx, bus, Reg.STATUS) == 0, "STATUS after soft reset"
+            model.load(job.prog_addr & ~0xF, program_bytes(job.words))
+            for addr, data in job.data:
+                model.load(addr, data)
+            prog_len = len(job.words) if job.prog_len is None else job.prog_len
+            model.written = {}
+            await axil_write(ctx, bus, Reg.PROG_ADDR, job.prog_addr)
+            await axil_write(ctx, bus, Reg.PROG_LEN, prog_len)
+            await axil_write(ctx, bus, Reg.CONTROL, Control.START)
+            running_status = await axil_read(ctx, bus, Reg.STATUS)
+            if job.soft_reset_after is not None:
+                for _ in range(job.soft_reset_after):
+                    await ctx.tick()
+                await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
+                for _ in range(TIMEOUT // 8):
+                    if not await axil_read(ctx, bus, Reg.STATUS) & Status.BUSY:
+                        break
+                else:
+                    raise AssertionError(f"seed {seed}: still busy after a soft reset")
+            else:
+                # The start edge cleared done and error, so irq now belongs to this program.
+                for _ in range(TIMEOUT):
+                    _, _, irq = await ctx.tick().sample(dut.irq)
+                    if irq:
+                        break
+                else:
+                    raise AssertionError(f"seed {seed}: no irq within {TIMEOUT} cycles "
+                                         f"(PC {await axil_read(ctx, bus, Reg.PC)})")
+            status = await axil_read(ctx, bus, Reg.STATUS)
+            error_pc = await axil_read(ctx, bus, Reg.ERROR_PC)
+            pc = await axil_read(ctx, bus, Reg.PC)
+            cycles = await axil_read(ctx, bus, Reg.CYCLES_LO)
+            cycles |= await axil_read(ctx, bus, Reg.CYCLES_HI) << 32
+            # irq stays high until the next start or soft reset.
+            outcomes.append(Outcome(status, error_pc, pc, cycles, ctx.get(dut.irq),
+                                    dict(model.written), running_status))
+
+    run_simulation(dut, host, processes=[model.process])
+    return outcomes, model
+
+
+def assert_done(outcome, context=""):
+    assert outcome.status == Status.DONE, f"{context}: {outcome}"
+    assert outcome.irq == 1, f"{context}: irq low"
+    assert outcome.cycles > 0
+
+
+def assert_error(outcome, code, error_pc, context=""):
+    assert outcome.status == Status.ERROR | code.value << Status.CODE_SHIFT, \
+        f"{context}: STATUS {outcome.status:#x} ({outcome.code.name}), expected {code.name}"
+    assert outcome.error_pc == error_pc, \
+        f"{context}: ERROR_PC {outcome.error_pc}, expected {error_pc}"
+    assert outcome.irq == 1, f"{context}: irq low"
+
+
+# ---------------------------------------------------------------------- a tiny GEMM
+W_ADDR, A_ADDR, BIAS_ADDR, Y_ADDR = 0x1000, 0x1100, 0x1200, 0x2004
+
+
+def gemm_job(config, rng, *, bias, M=4):
+    """A tiny GEMM for an R x C array, with K = 2R and N = C:
+
+    rows 0..M-1 of Y (INT32) = [bias +] A (M x K, INT8) @ W (K x N, INT8), two K-tiles
+    accumulated in the accumulator; rows M..2M-1 = A[:, R:2R] @ W[R:2R], a third MATMUL that
+    reuses the active weights without a PRELOAD. Y is stored with an unaligned start and an
+    odd stride. Returns ``(job, expected Y, Y stride)``.
+    """
+    R, C = config.rows, config.cols
+    K, N = 2 * R, C
+    weights = rng.integers(-128, 128, size=(K, N), dtype=np.int64)
+    acts = rng.integers(-128, 128, size=(M, K), dtype=np.int64)
+    weights[0, 0] = acts[0, 0] = -128
+    acts[1, 0] = 127
+    bias_values = rng.integers(-2**31, 2**31, size=(M, N), dtype=np.int64)
+    expected = np.concatenate([acts @ weights + (bias_values if bias else 0),
+                               acts[:, R:] @ weights[R:]])
+    expected = [[wrap32(int(v)) for v in row] for row in expected]
+    y_stride = 4 * N + 5
+    tile0, tile1 = K, K + M                         # scratchpad rows of the two A tiles
+    words = [
+        load_spad(0, K, N, W_ADDR, N),              # weight rows k = 0..K-1 -> spad 0..K-1
+        load_spad(tile0, M, R, A_ADDR, K),          # A[:, 0:R]
+        load_spad(tile1, M, R, A_ADDR + R, K),      # A[:, R:2R]
+    ]
+    if bias:
+        words.append(load_acc(0, M, 4 * N, BIAS_ADDR, 4 * N))
+    words += [
+        preload(0),
+        matmul(tile0, 0, M, accumulate=int(bias)),
+        preload(R),
+        matmul(tile1, 0, M, accumulate=1),
+        matmul(tile1, M, M, accumulate=0),          # the weights stay active
+        store(0, 2 * M, 4 * N, Y_ADDR, y_stride),
+        END,
+    ]
+    data = [
+        (W_ADDR, weights.astype(np.int8).tobytes()),
+        (A_ADDR, acts.astype(np.int8).tobytes()),
+        (BIAS_ADDR, bias_values.astype("<i4").tobytes()),
+    ]
+    return Job(words, data=data, prog_len=len(words) + 3), expected, y_stride
+
+
+def read_result(model, rows, cols, stride):
+    return [[int.from_bytes(model.peek(Y_ADDR + r * stride + 4 * c, 4), "little",
+                            signed=True) for c in range(cols)] for r in range(rows)]
+
+
+def expected_result_bytes(expected, stride):
+    written = {}
+    for r, row in enumerate(expected):
+        for c, value in enumerate(row):
+            for b, byte in enumerate((value & 0xFFFF_FFFF).to_bytes(4, "little")):
+                written[Y_ADDR + r * stride + 4 * c + b] = byte
+    return written
+
+
+@pytest.mark.parametrize("rows, cols, bus_width, bias, full_rate", [
+    (2, 2, 64, False, False), (2, 2, 64, True, False), (2, 2, 32, True, False),
+    (2, 2, 128, False, False), (2, 2, 64, True, True), (2, 3, 64, True, False),
+    (3, 2, 32, False, True),
+])
+def test_gemm_program(rows, cols, bus_width, bias, full_rate):
+    """The GEMM program runs to done, with exactly Y written to DRAM and nothing else;
+    ``full_rate``: the DRAM accepts and answers everything at once."""
+    config = NPUConfig(rows=rows, cols=cols, spad_depth=16, acc_depth=8, bus_width=bus_width)
+    seed = 0xC0DE + 16 * rows + 4 * cols + bus_width + 2 * bias + full_rate
+    rng = np.random.default_rng(seed)
+    job, expected, y_stride = gemm_job(config, rng, bias=bias)
+    timing = dict(ready_probability=1.0, max_latency=0) if full_rate else {}
+    (outcome,), model = run_jobs([job], seed=seed, config=config, **timing)
+    assert outcome.running_status == Status.BUSY, f"seed {seed}: STATUS while running"
+    assert_done(outcome, f"seed {seed}")
+    assert outcome.pc == len(job.words) - 1, "PC should rest on END"
+    assert read_result(model, len(expected), cols, y_stride) == expected, f"seed {seed}"
+    # The STORE wrote exactly Y and nothing else.
+    assert outcome.written == expected_result_bytes(expected, y_stride), f"seed {seed}"
+
+
+def test_partial_rows_are_zero_filled():
+    """LOAD_SPAD and LOAD_ACC with row_bytes short of a full row zero the rest of the row,
+    over whatever an earlier load left there."""
+    seed = 0xC0E0
+    rng = np.random.default_rng(seed)
+    garbage_addr, w_addr, a_addr, bias_addr = 0x1800, 0x1000, 0x1100, 0x1200
+    garbage = bytes(int(v) for v in rng.integers(1, 256, size=64))   # no zero byte
+    weights = rng.integers(-128, 128, size=(4, 2), dtype=np.int64)
+    acts = rng.integers(-128, 128, size=(3, 2), dtype=np.int64)
+    bias = rng.integers(-2**31, 2**31, size=3, dtype=np.int64)
+    words = [
+        load_spad(0, 12, 2, garbage_addr, 2),       # dirty every row used below
+        load_acc(0, 6, 8, garbage_addr, 8),
+        load_spad(0, 1, 2, w_addr, 2),              # weight row 0: both lanes
+        load_spad(1, 1, 1, w_addr + 2, 2),          # weight row 1: lane 0, lane 1 zeroed
+        load_spad(2, 2, 2, w_addr + 4, 2),          # second tile: full rows
+        load_spad(4, 3, 2, a_addr, 2),              # activations: full rows
+        load_spad(8, 3, 1, a_addr, 2),              # activations: lane 0 only
+        load_acc(0, 3, 4, bias_addr, 4),            # bias in lane 0, lane 1 zeroed
+        preload(0),
+        matmul(4, 0, 3, accumulate=1),
+        preload(2),
+        matmul(8, 3, 3, accumulate=0),
+        store(0, 6, 8, Y_ADDR, 8),
+        END,
+    ]
+    data = [(garbage_addr, garbage), (w_addr, weights.astype(np.int8).tobytes()),
+            (a_addr, acts.astype(np.int8).tobytes()), (bias_addr, bias.astype("<i4").tobytes())]
+    first_tile = weights[:2].copy()
+    first_tile[1, 1] = 0
+    acts_lane0 = acts.copy()
+    acts_lane0[:, 1] = 0
+    expected = np.concatenate([acts @ first_tile + np.stack([bias, np.zeros(3, np.int64)], 1),
+                               acts_lane0 @ weights[2:]])
+    expected = [[wrap32(int(v)) for v in row] for row in expected]
+    (outcome,), model = run_jobs([Job(words, data=data)], seed=seed)
+    assert_done(outcome, f"seed {seed}")
+    assert read_result(model, 6, 2, 8) == expected, f"seed {seed}"
+
+
+def test_soft_reset_then_program():
+    """A soft reset while idle (also after an error) clears STATUS and irq, and programs run
+    fine afterwards."""
+    seed = 0xC0F0
+    rng = np.random.default_rng(seed)
+    first, first_expected, y_stride = gemm_job(CONFIG, rng, bias=True)
+    first.soft_reset_before = True
+    failing = Job([END], prog_addr=PROG_ADDR + 8)
+    second, second_expected, _ = gemm_job(CONFIG, rng, bias=False)
+    second.soft_reset_before = True
+    jobs = [first, failing, second]
+    outcomes, model = run_jobs(jobs, seed=seed)
+    assert_done(outcomes[0], f"seed {seed}: first")
+    assert outcomes[0].written == expected_result_bytes(first_expected, y_stride)
+    assert_error(outcomes[1], ErrorCode.PROGRAM, 0, f"seed {seed}: unaligned")
+    assert outcomes[1].written == {}
+    assert_done(outcomes[2], f"seed {seed}: after the soft reset")
+    assert outcomes[2].written == expected_result_bytes(second_expected, y_stride)
+    assert read_result(model, len(second_expected), CONFIG.cols, y_stride) == \
+        second_expected, f"seed {seed}"
+
+
+@pytest.mark.parametrize("cycles", [0, 37, 90, 151])
+def test_soft_reset_while_busy(cycles):
+    """A soft reset in the middle of a program stops it (STATUS and irq clear, once the bus
+    is quiet), and the next program runs fine."""
+    seed = 0xC0F8 + cycles
+    rng = np.random.default_rng(seed)
+    interrupted, _, _ = gemm_job(CONFIG, rng, bias=True)
+    interrupted.soft_reset_after = cycles
+    job, expected, y_stride = gemm_job(CONFIG, rng, bias=False)
+    outcomes, _ = run_jobs([interrupted, job], seed=seed)
+    assert (outcomes[0].status, outcomes[0].irq) == (0, 0), f"seed {seed}: {outcomes[0]}"
+    assert_done(outcomes[1], f"seed {seed}: after the soft reset")
+    assert outcomes[1].written == expected_result_bytes(expected, y_stride), f"seed {seed}"
+
+
+# ---------------------------------------------------------------------- error paths
+GOOD_LOAD = load_spad(0, 2, 2, 0x1000, 2)
+
+# (name, words, prog_len, error code, error pc)
+ERROR_PROGRAMS = [
+    ("opcode_zero", [GOOD_LOAD, 0, END], None, ErrorCode.ILLEGAL_OPCODE, 1),
+    ("opcode_7f", [0x7F, END], None, ErrorCode.ILLEGAL_OPCODE, 0),
+    ("opcode_07", [GOOD_LOAD, GOOD_LOAD, 0x07 | 0xABCD << 16, END], None,
+     ErrorCode.ILLEGAL_OPCODE, 2),
+    ("opcode_ff", [GOOD_LOAD, 0xFF, END], None, ErrorCode.ILLEGAL_OPCODE, 1),
+    ("load_spad_range", [load_spad(15, 2, 2, 0x1000, 2), END], None, ErrorCode.SPAD_RANGE, 0),
+    ("preload_range", [GOOD_LOAD, preload(15), END], None, ErrorCode.SPAD_RANGE, 1),
+    ("matmul_spad_range", [matmul(14, 0, 3, 0), END], None, ErrorCode.SPAD_RANGE, 0),
+    ("load_acc_range", [load_acc(7, 2, 8, 0x1000, 8), END], None, ErrorCode.ACC_RANGE, 0),
+    # 16-bit address + rows must not wrap back into range.
+    ("load_spad_addr_wraps", [load_spad(0xFFFF, 2, 2, 0x1000, 2), END], None,
+     ErrorCode.SPAD_RANGE, 0),
+    ("preload_addr_wraps", [preload(0xFFFF), END], None, ErrorCode.SPAD_RANGE, 0),
+    ("matmul_acc_addr_wraps", [GOOD_LOAD, matmul(0, 0xFFFF, 1, 0), END], None,
+     ErrorCode.ACC_RANGE, 1),
+    ("matmul_acc_range", [GOOD_LOAD, matmul(0, 7, 2, 1), END], None, ErrorCode.ACC_RANGE, 1),
+    ("store_acc_range", [store(8, 1, 8, 0x2000, 8), END], None, ErrorCode.ACC_RANGE, 0),
+    ("load_zero_rows", [load_spad(0, 0, 2, 0x1000, 2), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("load_zero_bytes", [load_spad(0, 1, 0, 0x1000, 2), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("load_spad_too_wide", [load_spad(0, 1, 3, 0x1000, 2), END], None,
+     ErrorCode.BAD_LENGTH, 0),
+    ("load_acc_too_wide", [load_acc(0, 1, 9, 0x1000, 8), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("matmul_zero_rows", [GOOD_LOAD, matmul(0, 0, 0, 0), END], None, ErrorCode.BAD_LENGTH, 1),
+    ("store_zero_rows", [store(0, 0, 8, 0x2000, 8), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("store_zero_bytes", [store(0, 1, 0, 0x2000, 8), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("load_acc_zero_rows", [load_acc(0, 0, 8, 0x1000, 8), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("store_not_words", [store(0, 1, 6, 0x2000, 8), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("store_too_wide", [store(0, 1, 12, 0x2000, 12), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("load_past_4g", [load_spad(0, 1, 2, 0xFFFF_FFFF, 0), END], None,
+     ErrorCode.DRAM_RANGE, 0),
+    ("load_stride_past_4g", [GOOD_LOAD, load_spad(0, 3, 1, 0xFFFF_0000, 0x8000), END], None,
+     ErrorCode.DRAM_RANGE, 1),
+    ("store_past_4g", [store(0, 2, 8, 0xFFFF_FFF0, 9), END], None, ErrorCode.DRAM_RANGE, 0),
+    ("no_end_within_length", [GOOD_LOAD, GOOD_LOAD, END], 2, ErrorCode.PROGRAM, 2),
+    ("prog_len_zero", [END], 0, ErrorCode.PROGRAM, 0),
+    ("program_past_4g", [END], 0x1000_0000, ErrorCode.PROGRAM, 0),
+]
+
+
+@pytest.mark.parametrize("name, words, prog_len, code, error_pc",
+                         ERROR_PROGRAMS, ids=[entry[0] for entry in ERROR_PROGRAMS])
+def test_error_path(name, words, prog_len, code, error_pc):
+    """The program stops with the error bit, the code and the failing instruction's index,
+    irq goes high, and the machine runs the next program (an END) fine."""
+    seed = sum(name.encode())
+    jobs = [Job(words, prog_len=prog_len, prog_addr=0xFFFF_FFF0 if name == "program_past_4g"
+                else PROG_ADDR),
+            Job([END])]
+    outcomes, _ = run_jobs(jobs, seed=seed)
+    assert_error(outcomes[0], code, error_pc, name)
+    assert_done(outcomes[1], f"{name}: the next program")
+
+
+def test_unaligned_program_address():
+    for prog_addr in (PROG_ADDR + 4, PROG_ADDR + 1, PROG_ADDR + 8):
+        outcomes, _ = run_jobs([Job([END], prog_addr=prog_addr)], seed=prog_addr)
+        assert_error(outcomes[0], ErrorCode.PROGRAM, 0, f"prog_addr {prog_addr:#x}")
+
+
+def test_program_ending_at_4g_runs():
+    """The last 16 bytes of the address space hold a valid program (no false DRAM_RANGE),
+    and a load that ends exactly at 2**32 is legal."""
+    words = [load_spad(0, 1, 2, 0xFFFF_FFFE, 0), END]
+    outcomes, _ = run_jobs([Job(words, prog_addr=0xFFFF_FFE0)], seed=7)
+    assert_done(outcomes[0], "program at the top of DRAM")
+
+
+@pytest.mark.parametrize("resp", [Resp.SLVERR, Resp.DECERR])
+def test_bus_read_error_on_fetch(resp):
+    """Instruction 2 is answered with an error: BUS_READ at PC 2."""
+    bad = PROG_ADDR + 2 * INSTR_BYTES
+    jobs = [Job([GOOD_LOAD, GOOD_LOAD, END, END]), Job([END], prog_addr=0x400)]
+    outcomes, _ = run_jobs(jobs, seed=0xBE00 + resp.value,
+                           read_errors=[(bad, bad + INSTR_BYTES, resp)])
+    assert_error(outcomes[0], ErrorCode.BUS_READ, 2, resp.name)
+    assert_done(outcomes[1], f"{resp.name}: the next program")
+
+
+@pytest.mark.parametrize("opcode", [Opcode.LOAD_SPAD, Opcode.LOAD_ACC])
+def test_bus_read_error_on_load(opcode):
+    """The middle row of a load is answered SLVERR: BUS_READ at the load's PC."""
+    load = load_spad if opcode == Opcode.LOAD_SPAD else load_acc
+    words = [GOOD_LOAD, load(0, 3, 2, 0x3000, 0x100), END]
+    jobs = [Job(words), Job([GOOD_LOAD, END])]
+    outcomes, _ = run_jobs(jobs, seed=0xBE10 + opcode.value,
+                           read_errors=[(0x3100, 0x3108, Resp.SLVERR)])
+    assert_error(outcomes[0], ErrorCode.BUS_READ, 1, opcode.name)
+    assert_done(outcomes[1], f"{opcode.name}: the next program")
+
+
+@pytest.mark.parametrize("resp", [Resp.SLVERR, Resp.DECERR])
+def test_bus_write_error_on_store(resp):
+    """A store row answered with an error: BUS_WRITE at the store's PC."""
+    words = [GOOD_LOAD, GOOD_LOAD, store(0, 3, 8, 0x4000, 0x40), END]
+    jobs = [Job(words), Job([store(0, 1, 4, 0x5000, 0), END])]
+    outcomes, _ = run_jobs(jobs, seed=0xBE20 + resp.value,
+                           write_errors=[(0x4040, 0x4048, resp)])
+    assert_error(outcomes[0], ErrorCode.BUS_WRITE, 2, resp.name)
+    # Rows 0 and 2 (accumulator rows never written: zero) still went out; row 1 was refused.
+    assert outcomes[0].written == {addr: 0 for row in (0, 2)
+                                   for addr in range(0x4000 + 0x40 * row, 0x4008 + 0x40 * row)}
+    assert_done(outcomes[1], f"{resp.name}: the next program")
