@@ -116,11 +116,24 @@ def _config_from(arguments):
         raise NPUValueError(f"bad configuration: {error}") from None
 
 
+#: Every .npy file starts with these bytes (NumPy's format specification).
+NPY_MAGIC = b"\x93NUMPY"
+
+
 def _load_matrix(option, path):
     try:
-        matrix = np.load(path, allow_pickle=False)
+        with open(path, "rb") as file:
+            magic = file.read(len(NPY_MAGIC))
     except FileNotFoundError:
         raise NPUValueError(f"{option} {path}: no such file") from None
+    except OSError as error:
+        raise NPUValueError(f"{option} {path}: cannot be read ({error.strerror})") from None
+    if magic != NPY_MAGIC:
+        # np.load would try other formats and blame pickling; say what is wrong instead.
+        raise NPUValueError(f"{option} {path}: not a .npy file (it does not start with the "
+                            f"NumPy magic string); save the matrix with numpy.save")
+    try:
+        matrix = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:
         raise NPUValueError(f"{option} {path}: not a valid .npy file ({error})") from None
     if not isinstance(matrix, np.ndarray):

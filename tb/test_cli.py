@@ -198,11 +198,11 @@ def test_bad_files(tmp_path, capsys):
     truncated = tmp_path / "truncated.npy"
     truncated.write_bytes(open(good, "rb").read()[:-2])
     for path, match in [(tmp_path / "missing.npy", "no such file"),
-                        (text, "not a valid .npy file"),
+                        (text, "not a .npy file .it does not start with the NumPy magic"),
                         (archive, "not a .npy file"),
                         (objects, "not a valid .npy file"),
                         (truncated, "not a valid .npy file"),
-                        (tmp_path, "not a valid .npy file")]:
+                        (tmp_path, "cannot be read")]:
         status, out, err = run_cli(capsys, "gemm", "--a", str(path), "--b", good,
                                    "--sim", "model")
         assert_one_line_error(status, out, err, 2, match)
