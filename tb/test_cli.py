@@ -198,7 +198,7 @@ def test_bad_files(tmp_path, capsys):
     truncated = tmp_path / "truncated.npy"
     truncated.write_bytes(open(good, "rb").read()[:-2])
     for path, match in [(tmp_path / "missing.npy", "no such file"),
-                        (text, "not a .npy file .it does not start with the NumPy magic"),
+                        (text, "does not start with the NumPy magic string"),
                         (archive, "not a .npy file"),
                         (objects, "not a valid .npy file"),
                         (truncated, "not a valid .npy file"),
