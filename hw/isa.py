@@ -7,11 +7,12 @@ An instruction is 128 bits, stored little-endian in DRAM as 16 bytes. Programs s
 16-byte aligned address and run until ``END`` (or until the error that stops them).
 """
 
+from amaranth.hdl import Shape, signed
 from amaranth.lib import data, enum
 
 
 __all__ = [
-    "Opcode", "LoadArgs", "StoreArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
+    "Opcode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
     "INSTR_BITS", "INSTR_BYTES", "ErrorCode", "Reg", "MAGIC", "VERSION",
     "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
 ]
@@ -25,6 +26,8 @@ class Opcode(enum.Enum, shape=8):
     PRELOAD   = 0x04  #: Scratchpad rows ``spad_addr .. spad_addr+R-1`` -> shadow weights.
     MATMUL    = 0x05  #: Stream scratchpad rows through the array into the accumulator.
     STORE     = 0x06  #: Accumulator rows -> DRAM (INT32 little-endian).
+    LOAD_QUANT = 0x07  #: DRAM -> per-channel requantization parameters (and zero point, clamp).
+    STORE_Q   = 0x08  #: Accumulator rows -> requantized INT8 -> DRAM.
 
 
 class LoadArgs(data.Struct):
@@ -50,6 +53,23 @@ class StoreArgs(data.Struct):
     dram_stride: 32
 
 
+class QuantArgs(data.Struct):
+    """``LOAD_QUANT``: the requantization state used by ``STORE_Q``.
+
+    DRAM row 0 at ``dram_addr`` holds the C INT32 multipliers (lane ``j`` at byte ``4j``,
+    little-endian), row 1 at ``dram_addr + dram_stride`` the C INT32 shifts (positive: right
+    shift, negative: left shift, within -31 .. 31). ``row_bytes`` (a multiple of 4, at most
+    4C) bytes of each row are read; the lanes past them get multiplier 0 and shift 0. The
+    output zero point (-128 .. 127) and the clamp (``act_min <= act_max``) are operands.
+    """
+    dram_addr:   32
+    dram_stride: 32
+    row_bytes:   16
+    zero_point:  signed(16)
+    act_min:     signed(8)
+    act_max:     signed(8)
+
+
 class PreloadArgs(data.Struct):
     """``PRELOAD``: scratchpad row ``spad_addr + i`` holds weight row ``i`` (lanes ``0..C-1``)
     for ``0 <= i < R``. The weights go to the shadow registers; the next ``MATMUL`` uses them."""
@@ -70,6 +90,7 @@ class Arguments(data.Union):
     """The operands of an instruction; which member is meant depends on the opcode."""
     load:    LoadArgs
     store:   StoreArgs
+    quant:   QuantArgs
     preload: PreloadArgs
     matmul:  MatmulArgs
     raw:     112
@@ -90,6 +111,8 @@ _ARG_FIELD = {
     Opcode.LOAD_SPAD: "load",
     Opcode.LOAD_ACC:  "load",
     Opcode.STORE:     "store",
+    Opcode.STORE_Q:   "store",
+    Opcode.LOAD_QUANT: "quant",
     Opcode.PRELOAD:   "preload",
     Opcode.MATMUL:    "matmul",
 }
@@ -118,8 +141,11 @@ def encode(opcode, **fields):
             raise ValueError(f"{opcode.name} takes the fields {sorted(names)}, "
                              f"not {sorted(fields)}")
         for name, field in layout:
-            if not 0 <= fields[name] < (1 << field.width):
-                raise ValueError(f"{opcode.name}.{name} must fit in {field.width} bits, "
+            shape = Shape.cast(field.shape)
+            low, high = (-(1 << (field.width - 1)), 1 << (field.width - 1)) if shape.signed \
+                else (0, 1 << field.width)
+            if not low <= fields[name] < high:
+                raise ValueError(f"{opcode.name}.{name} must be within {low} .. {high - 1}, "
                                  f"not {fields[name]!r}")
         value["args"] = {_ARG_FIELD[opcode]: fields}
     elif fields:
@@ -158,10 +184,11 @@ class ErrorCode(enum.Enum, shape=8):
     BUS_WRITE      = 6   #: a DMA write answered SLVERR or DECERR
     PROGRAM        = 7   #: program address unaligned, length zero, or no END within length
     DRAM_RANGE     = 8   #: a DMA block that runs past the top of the 32-bit address space
+    QUANT          = 9   #: zero point outside -128..127, act_min > act_max, or |shift| > 31
 
 
 MAGIC = 0x4E505538      # "NPU8"
-VERSION = 0x0001_0000   # major 1, minor 0
+VERSION = 0x0001_0100   # major 1, minor 1: LOAD_QUANT and STORE_Q
 
 
 class Reg(enum.IntEnum):
