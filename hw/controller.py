@@ -1,12 +1,13 @@
 """The controller: fetches the program from DRAM and runs it, one instruction at a time."""
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Cat, Module, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accumulator import AccumulatorSignature
 from .dma import BlockCommand
 from .isa import INSTR_BITS, INSTR_BYTES, ErrorCode, Instruction, Opcode
+from .requant import Requantizer
 from .scratchpad import ScratchpadSignature
 from .systolic import ActivationRow
 
@@ -83,8 +84,31 @@ class Controller(wiring.Component):
 
         instr = Signal(Instruction)
         opcode = instr.opcode
-        load, store = instr.args.load, instr.args.store
+        load, store, quant = instr.args.load, instr.args.store, instr.args.quant
         preload, matmul = instr.args.preload, instr.args.matmul
+
+        # The output path's requantization state (LOAD_QUANT sets it, STORE_Q uses it) and
+        # the requantizer between the accumulator and the DMA writer.
+        m.submodules.requant = requant = Requantizer(cols)
+        lanes32 = data.ArrayLayout(signed(32), cols)
+        multipliers = Signal(lanes32)
+        shifts = Signal(data.ArrayLayout(signed(6), cols))
+        zero_point = Signal(signed(9))
+        act_min = Signal(signed(8), init=-128)
+        act_max = Signal(signed(8), init=127)
+        staged_multipliers = Signal(lanes32)
+        staged_shifts = Signal(lanes32)
+        m.d.comb += [
+            requant.acc.eq(self.acc.read_data),
+            requant.multiplier.eq(multipliers),
+            requant.shift.eq(shifts),
+            requant.zero_point.eq(zero_point),
+            requant.act_min.eq(act_min),
+            requant.act_max.eq(act_max),
+        ]
+        shift_out_of_range = Signal()
+        m.d.comb += shift_out_of_range.eq(
+            Cat(*[(lane < -31) | (lane > 31) for lane in staged_shifts]).any())
 
         count = Signal(17)         # rows issued by the current instruction
         out_count = Signal(17)     # matmul results written to the accumulator
@@ -102,8 +126,11 @@ class Controller(wiring.Component):
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD_SPAD, Opcode.LOAD_ACC):
                 m.d.comb += dram_overflow.eq(dram_end(load) > (1 << 32))
-            with m.Case(Opcode.STORE):
+            with m.Case(Opcode.STORE, Opcode.STORE_Q):
                 m.d.comb += dram_overflow.eq(dram_end(store) > (1 << 32))
+            with m.Case(Opcode.LOAD_QUANT):
+                m.d.comb += dram_overflow.eq(
+                    quant.dram_addr + quant.dram_stride + quant.row_bytes > (1 << 32))
 
         def fail(code):
             m.d.sync += [self.error_code.eq(code), self.error_pc.eq(self.pc)]
@@ -210,6 +237,24 @@ class Controller(wiring.Component):
                             fail(ErrorCode.DRAM_RANGE)
                         with m.Else():
                             m.next = "STORE"
+                    with m.Case(Opcode.STORE_Q):
+                        with m.If((store.rows == 0) | (store.row_bytes == 0) |
+                                  (store.row_bytes > cols)):
+                            fail(ErrorCode.BAD_LENGTH)
+                        with m.Elif(store.acc_addr + store.rows > config.acc_depth):
+                            fail(ErrorCode.ACC_RANGE)
+                        with m.Elif(dram_overflow):
+                            fail(ErrorCode.DRAM_RANGE)
+                        with m.Else():
+                            m.next = "STORE"
+                    with m.Case(Opcode.LOAD_QUANT):
+                        with m.If((quant.row_bytes == 0) | (quant.row_bytes[:2] != 0) |
+                                  (quant.row_bytes > config.acc_row_bytes)):
+                            fail(ErrorCode.BAD_LENGTH)
+                        with m.Elif(dram_overflow):
+                            fail(ErrorCode.DRAM_RANGE)
+                        with m.Else():
+                            m.next = "QUANT"
                     with m.Default():
                         fail(ErrorCode.ILLEGAL_OPCODE)
 
@@ -296,13 +341,25 @@ class Controller(wiring.Component):
                     self.acc.read_addr.eq(store.acc_addr + count),
                     self.acc.read_en.eq(1),
                 ]
+                with m.If(opcode == Opcode.STORE_Q):
+                    m.next = "REQUANTIZE"
+                with m.Else():
+                    m.next = "STORE_ROW"
+
+            # STORE_Q: the row read in STORE_READ goes through the two-stage requantizer.
+            with m.State("REQUANTIZE"):
+                m.d.comb += requant.valid.eq(1)
+                m.next = "REQUANTIZE_WAIT"
+
+            with m.State("REQUANTIZE_WAIT"):
                 m.next = "STORE_ROW"
 
             with m.State("STORE_ROW"):
-                m.d.comb += [
-                    self.write_row.valid.eq(1),
-                    self.write_row.payload.eq(self.acc.read_data),
-                ]
+                m.d.comb += self.write_row.valid.eq(1)
+                with m.If(opcode == Opcode.STORE_Q):
+                    m.d.comb += self.write_row.payload.eq(requant.result)
+                with m.Else():
+                    m.d.comb += self.write_row.payload.eq(self.acc.read_data)
                 with m.If(self.write_row.ready):
                     m.d.sync += count.eq(count + 1)
                     with m.If(count == store.rows - 1):
@@ -316,6 +373,46 @@ class Controller(wiring.Component):
                         fail(ErrorCode.BUS_WRITE)
                     with m.Else():
                         m.next = "NEXT"
+
+            # LOAD_QUANT: two DRAM rows (multipliers, shifts) into staging, checked, then kept.
+            with m.State("QUANT"):
+                m.d.comb += [
+                    self.read_cmd.valid.eq(1),
+                    self.read_cmd.payload.addr.eq(quant.dram_addr),
+                    self.read_cmd.payload.rows.eq(2),
+                    self.read_cmd.payload.row_bytes.eq(quant.row_bytes),
+                    self.read_cmd.payload.stride.eq(quant.dram_stride),
+                ]
+                with m.If(self.read_cmd.ready):
+                    m.next = "QUANT_WAIT"
+
+            with m.State("QUANT_WAIT"):
+                with m.If(self.read_row.valid):
+                    m.d.sync += count.eq(count + 1)
+                    with m.If(count == 0):
+                        m.d.sync += staged_multipliers.eq(self.read_row.payload)
+                    with m.Else():
+                        m.d.sync += staged_shifts.eq(self.read_row.payload)
+                with m.If(self.read_done):
+                    with m.If(self.read_error):
+                        fail(ErrorCode.BUS_READ)
+                    with m.Else():
+                        m.next = "QUANT_CHECK"
+
+            with m.State("QUANT_CHECK"):
+                with m.If((quant.zero_point < -128) | (quant.zero_point > 127) |
+                          (quant.act_min > quant.act_max) | shift_out_of_range):
+                    fail(ErrorCode.QUANT)
+                with m.Else():
+                    m.d.sync += [
+                        multipliers.eq(staged_multipliers),
+                        zero_point.eq(quant.zero_point),
+                        act_min.eq(quant.act_min),
+                        act_max.eq(quant.act_max),
+                    ]
+                    for lane in range(cols):
+                        m.d.sync += shifts[lane].eq(staged_shifts[lane])
+                    m.next = "NEXT"
 
             with m.State("NEXT"):
                 # The last accumulator write of the instruction lands in this cycle at most.

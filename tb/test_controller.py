@@ -42,6 +42,18 @@ def matmul(spad_addr, acc_addr, rows, accumulate):
                   accumulate=accumulate)
 
 
+def load_quant(row_bytes, *, dram_addr=0x1000, dram_stride=64, zero_point=0, act_min=-128,
+               act_max=127):
+    return encode(Opcode.LOAD_QUANT, dram_addr=dram_addr, dram_stride=dram_stride,
+                  row_bytes=row_bytes, zero_point=zero_point, act_min=act_min,
+                  act_max=act_max)
+
+
+def store_q(acc_addr, rows, row_bytes, dram_addr, dram_stride):
+    return encode(Opcode.STORE_Q, acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
+                  dram_addr=dram_addr, dram_stride=dram_stride)
+
+
 def store(acc_addr, rows, row_bytes, dram_addr, dram_stride):
     return encode(Opcode.STORE, acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
                   dram_addr=dram_addr, dram_stride=dram_stride)
@@ -321,7 +333,7 @@ GOOD_LOAD = load_spad(0, 2, 2, 0x1000, 2)
 ERROR_PROGRAMS = [
     ("opcode_zero", [GOOD_LOAD, 0, END], None, ErrorCode.ILLEGAL_OPCODE, 1),
     ("opcode_7f", [0x7F, END], None, ErrorCode.ILLEGAL_OPCODE, 0),
-    ("opcode_07", [GOOD_LOAD, GOOD_LOAD, 0x07 | 0xABCD << 16, END], None,
+    ("opcode_09", [GOOD_LOAD, GOOD_LOAD, 0x09 | 0xABCD << 16, END], None,
      ErrorCode.ILLEGAL_OPCODE, 2),
     ("opcode_ff", [GOOD_LOAD, 0xFF, END], None, ErrorCode.ILLEGAL_OPCODE, 1),
     ("load_spad_range", [load_spad(15, 2, 2, 0x1000, 2), END], None, ErrorCode.SPAD_RANGE, 0),
@@ -352,6 +364,19 @@ ERROR_PROGRAMS = [
     ("load_stride_past_4g", [GOOD_LOAD, load_spad(0, 3, 1, 0xFFFF_0000, 0x8000), END], None,
      ErrorCode.DRAM_RANGE, 1),
     ("store_past_4g", [store(0, 2, 8, 0xFFFF_FFF0, 9), END], None, ErrorCode.DRAM_RANGE, 0),
+    ("load_quant_zero_bytes", [load_quant(0), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("load_quant_not_words", [load_quant(6), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("load_quant_too_wide", [load_quant(12), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("load_quant_past_4g", [load_quant(8, dram_addr=0xFFFF_FF00, dram_stride=0x100), END],
+     None, ErrorCode.DRAM_RANGE, 0),
+    ("load_quant_clamp_inverted", [GOOD_LOAD, load_quant(8, act_min=5, act_max=4), END],
+     None, ErrorCode.QUANT, 1),
+    ("load_quant_zero_point", [load_quant(8, zero_point=128), END], None, ErrorCode.QUANT, 0),
+    ("store_q_zero_rows", [store_q(0, 0, 2, 0x2000, 2), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("store_q_too_wide", [store_q(0, 1, 3, 0x2000, 3), END], None, ErrorCode.BAD_LENGTH, 0),
+    ("store_q_acc_range", [store_q(7, 2, 2, 0x2000, 2), END], None, ErrorCode.ACC_RANGE, 0),
+    ("store_q_past_4g", [store_q(0, 2, 2, 0xFFFF_FFFE, 2), END], None,
+     ErrorCode.DRAM_RANGE, 0),
     ("no_end_within_length", [GOOD_LOAD, GOOD_LOAD, END], 2, ErrorCode.PROGRAM, 2),
     ("prog_len_zero", [END], 0, ErrorCode.PROGRAM, 0),
     ("program_past_4g", [END], 0x1000_0000, ErrorCode.PROGRAM, 0),
@@ -370,6 +395,19 @@ def test_error_path(name, words, prog_len, code, error_pc):
     outcomes, _ = run_jobs(jobs, seed=seed)
     assert_error(outcomes[0], code, error_pc, name)
     assert_done(outcomes[1], f"{name}: the next program")
+
+
+@pytest.mark.parametrize("shift", [32, -32, 0x7FFF_FFFF, -0x8000_0000])
+def test_load_quant_shift_out_of_range(shift):
+    """A shift lane outside -31 .. 31 ends in QUANT; the lanes in range do not."""
+    shifts = np.array([31, shift], dtype="<i4").tobytes()
+    jobs = [Job([load_quant(8, dram_addr=0x1000, dram_stride=8), END],
+                data=[(0x1000, bytes(8)), (0x1008, shifts)]),
+            Job([load_quant(8, dram_addr=0x1000, dram_stride=8), END],
+                data=[(0x1008, np.array([31, -31], dtype="<i4").tobytes())])]
+    outcomes, _ = run_jobs(jobs, seed=abs(shift) % 1000)
+    assert_error(outcomes[0], ErrorCode.QUANT, 0, f"shift {shift}")
+    assert_done(outcomes[1], "shifts 31 and -31")
 
 
 def test_unaligned_program_address():

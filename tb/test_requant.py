@@ -1,0 +1,67 @@
+"""Requantizer: bit-exact against the numpy reference (sw.quant) over edge and random values."""
+
+import numpy as np
+import pytest
+
+from amaranth_sim import run_simulation
+from hw.requant import INT32_MAX, INT32_MIN, Requantizer
+from sw.quant import requantize
+
+
+def _run(cols, rows, multiplier, shift, zero_point, act_min, act_max):
+    """Push ``rows`` through the requantizer back to back; return the INT8 rows."""
+    dut = Requantizer(cols)
+    outputs = []
+
+    async def testbench(ctx):
+        ctx.set(dut.multiplier, [int(v) for v in multiplier])
+        ctx.set(dut.shift, [int(v) for v in shift])
+        ctx.set(dut.zero_point, zero_point)
+        ctx.set(dut.act_min, act_min)
+        ctx.set(dut.act_max, act_max)
+        for row in list(rows) + [None, None]:
+            ctx.set(dut.valid, row is not None)
+            if row is not None:
+                ctx.set(dut.acc, [int(v) for v in row])
+            await ctx.tick()
+            if ctx.get(dut.result_valid):
+                outputs.append([int(v) for v in ctx.get(dut.result)])
+        assert not ctx.get(dut.result_valid)
+
+    run_simulation(dut, testbench)
+    return np.array(outputs, dtype=np.int8)
+
+
+EDGES = [0, 1, -1, 2, -2, 1000, -1000, INT32_MAX, INT32_MIN, INT32_MAX - 1, INT32_MIN + 1,
+         1 << 30, -(1 << 30), 12345678, -12345678]
+
+
+@pytest.mark.parametrize("shift", [-31, -17, -3, -1, 0, 1, 2, 7, 15, 30, 31])
+def test_edges_per_shift(shift):
+    multipliers = [INT32_MIN, INT32_MAX, 1 << 30, 1, -1, 0, 1518500250, -1518500250]
+    cols = len(multipliers)
+    rows = [[acc] * cols for acc in EDGES]
+    for zero_point, act_min, act_max in [(0, -128, 127), (-128, -128, 127), (127, -128, 127),
+                                         (5, 5, 127), (-3, -10, 6)]:
+        got = _run(cols, rows, multipliers, [shift] * cols, zero_point, act_min, act_max)
+        want = requantize(np.array(rows, np.int32), np.array(multipliers, np.int32),
+                          np.full(cols, shift, np.int32), zero_point, act_min, act_max)
+        assert np.array_equal(got, want), (shift, zero_point, act_min, act_max, got, want)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random(seed):
+    rng = np.random.default_rng(seed)
+    cols = 5
+    multiplier = rng.integers(INT32_MIN, INT32_MAX, size=cols, endpoint=True, dtype=np.int64)
+    shift = rng.integers(-31, 32, size=cols)
+    # Accumulators of every magnitude, not just full-scale ones.
+    magnitude = rng.integers(0, 32, size=(40, cols))
+    rows = (rng.integers(-(1 << 31), 1 << 31, size=(40, cols)) >> magnitude).astype(np.int32)
+    zero_point = int(rng.integers(-128, 128))
+    act_min = int(rng.integers(-128, 128))
+    act_max = int(rng.integers(act_min, 128))
+    got = _run(cols, rows, multiplier, shift, zero_point, act_min, act_max)
+    want = requantize(rows, multiplier.astype(np.int32), shift.astype(np.int32), zero_point,
+                      act_min, act_max)
+    assert np.array_equal(got, want), f"seed {seed}"
