@@ -1,7 +1,7 @@
 """The cocotb test bench of the NPU top level: DRAM, host and clock around the DUT.
 
 In the shape of cocotbext-axi's and taxi's benches: a :class:`TB` owns the clock, the reset
-and the bus models (``AxiRam`` as DRAM on ``m_axi_*``, ``AxiLiteMaster`` as the host on
+and the bus models (cocotbext-axi's slave models as DRAM on ``m_axi_*``, ``AxiLiteMaster`` as the host on
 ``s_axil_*``), and the tests are plain ``async def`` functions that use it.
 """
 
@@ -12,13 +12,14 @@ import os
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
-from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
+from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiSlaveRead, AxiSlaveWrite
+from cocotbext.axi.memory import Memory
 
 from hw.config import NPUConfig
 from hw.isa import MAGIC, Control, ErrorCode, Reg, Status
 
 
-__all__ = ["TB", "ProgramOutcome", "config_from_env"]
+__all__ = ["TB", "Dram", "ProgramOutcome", "config_from_env"]
 
 
 CLOCK_NS = 10
@@ -27,6 +28,33 @@ CLOCK_NS = 10
 def config_from_env():
     """The :class:`NPUConfig` the runner built this simulation for."""
     return NPUConfig(**json.loads(os.environ["NPU_CONFIG"]))
+
+
+class _DramRead(AxiSlaveRead):
+    async def _read(self, address, length):
+        # cocotbext-axi answers SLVERR for a beat whose read raises.
+        if address + length > self.target.size:
+            raise IndexError(f"read of {length} bytes at {address:#x} is outside DRAM")
+        return self.target.read(address, length)
+
+
+class _DramWrite(AxiSlaveWrite):
+    async def _write(self, address, data):
+        if address + len(data) > self.target.size:
+            raise IndexError(f"write of {len(data)} bytes at {address:#x} is outside DRAM")
+        self.target.write(address, data)
+
+
+class Dram(Memory):
+    """DRAM behind an AXI4 slave: cocotbext-axi's slave models over a :class:`Memory`.
+
+    Unlike ``AxiRam``, which wraps addresses around its size, a beat outside the DRAM is
+    answered SLVERR, as a real interconnect answers an unmapped address with an error.
+    """
+    def __init__(self, bus, clock, reset, size):
+        super().__init__(size)
+        self.write_if = _DramWrite(bus.write, clock, reset, target=self)
+        self.read_if = _DramRead(bus.read, clock, reset, target=self)
 
 
 class ProgramOutcome:
@@ -68,7 +96,7 @@ class TB:
         dut.rst.value = 1
         self.clock = Clock(dut.clk, CLOCK_NS, unit="ns")
         self.clock.start()
-        self.dram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=dram_size)
+        self.dram = Dram(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=dram_size)
         self.host = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
 
     async def reset(self):

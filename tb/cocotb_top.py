@@ -96,3 +96,28 @@ async def soft_reset_then_run(dut):
     outcome = await tb.run_program(PROG_ADDR, 1, timeout_cycles=1_000)
     assert outcome.done and outcome.error_code == ErrorCode.NONE, outcome
     assert outcome.instructions == 1
+
+
+@cocotb.test()
+async def bus_errors(dut):
+    """Reads and writes outside DRAM are answered SLVERR and end in BUS_READ / BUS_WRITE."""
+    tb = TB(dut, DRAM_SIZE)
+    await tb.reset()
+    cases = [
+        ([encode(Opcode.LOAD_SPAD, local_addr=0, rows=2, row_bytes=1,
+                 dram_addr=DRAM_SIZE - 1, dram_stride=1)], ErrorCode.BUS_READ, 0),
+        ([encode(Opcode.END)], ErrorCode.BUS_READ, 0),   # fetched from outside DRAM
+        ([encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=4, dram_addr=DRAM_SIZE,
+                 dram_stride=0)], ErrorCode.BUS_WRITE, 0),
+    ]
+    for index, (words, code, pc) in enumerate(cases):
+        addr = DRAM_SIZE + 0x100 if index == 1 else PROG_ADDR
+        if index != 1:
+            write_program(tb, words, addr)
+        outcome = await tb.run_program(addr, len(words), timeout_cycles=10_000)
+        assert outcome.error_code == code and outcome.error_pc == pc, f"{words}: {outcome}"
+    # The last byte of DRAM is still readable, and a normal program still runs.
+    write_program(tb, [encode(Opcode.LOAD_SPAD, local_addr=0, rows=1, row_bytes=1,
+                              dram_addr=DRAM_SIZE - 1, dram_stride=0), encode(Opcode.END)])
+    outcome = await tb.run_program(PROG_ADDR, 2, timeout_cycles=10_000)
+    assert outcome.done, outcome
