@@ -4,11 +4,16 @@
 
     npu gemm --m 64 --k 100 --n 100 --config 8x8 --sim model --seed 1 [--json]
     npu gemm --a A.npy --b B.npy [--out C.npy] --sim model
+    npu qgemm --a A.npy --b B.npy --bias BIAS.npy --multiplier MULT.npy --shift SHIFT.npy \
+              --out-zero-point Z --act-min LO --act-max HI [--a-zero-point ZA] \
+              --config 8x8 --sim model [--out Y.npy] [--json]
+    npu qgemm --m 64 --k 100 --n 100 --seed 1 --sim model        (random operands)
     npu verilog --config 8x8 -o npu_8x8.v
     npu trace
 
 Bad input ends with a one-line ``npu: error: ...`` on stderr and exit status 2; a GEMM that is
-not bit-exact, or a program that stopped with an error, exits with status 1.
+not bit-exact (with the numpy reference: ``reference_gemm`` / ``reference_qgemm``), or a
+program that stopped with an error, exits with status 1.
 """
 
 import argparse
@@ -60,12 +65,32 @@ def _seed(text):
     return value
 
 
+def _int8(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not -128 <= value <= 127:
+        raise argparse.ArgumentTypeError(f"must be within -128 .. 127, not {value}")
+    return value
+
+
 def _config_name(text):
     try:
         NPUConfig.from_name(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+#: The operand files of ``npu qgemm``: option name and help.
+_QGEMM_FILES = [
+    ("a", "int8 matrix A, M x K"),
+    ("b", "int8 matrix B, K x N"),
+    ("bias", "int32 vector of N biases"),
+    ("multiplier", "int32 vector of N requantization multipliers"),
+    ("shift", "int32 vector of N shifts, -31 .. 31 (positive: right shift)"),
+]
 
 
 def _build_parser():
@@ -94,6 +119,32 @@ def _build_parser():
                       help="compiler schedule (default auto)")
     gemm.add_argument("--seed", type=_seed, default=0, help="random seed (default 0)")
     gemm.add_argument("--json", action="store_true", help="print one JSON object")
+
+    qgemm = commands.add_parser(
+        "qgemm", help="run Y = requantize((A - za) @ B + bias) in INT8 and compare it with "
+                      "numpy")
+    qgemm.add_argument("--m", type=_positive_int, help="rows of A and Y (random mode)")
+    qgemm.add_argument("--k", type=_positive_int, help="columns of A, rows of B (random mode)")
+    qgemm.add_argument("--n", type=_positive_int, help="columns of B and Y (random mode)")
+    for option, what in _QGEMM_FILES:
+        qgemm.add_argument(f"--{option}", metavar=f"{option.upper()}.npy", help=what)
+    qgemm.add_argument("--out-zero-point", type=_int8, metavar="Z",
+                       help="zero point of Y (required with files; random mode: 0)")
+    qgemm.add_argument("--act-min", type=_int8, metavar="LO",
+                       help="lower clamp of Y (required with files; random mode: -128)")
+    qgemm.add_argument("--act-max", type=_int8, metavar="HI",
+                       help="upper clamp of Y (required with files; random mode: 127)")
+    qgemm.add_argument("--a-zero-point", type=_int8, default=0, metavar="ZA",
+                       help="zero point of A (default 0)")
+    qgemm.add_argument("--out", metavar="Y.npy", help="write the int8 result here")
+    add_config_arguments(qgemm)
+    qgemm.add_argument("--sim", choices=SIMULATORS, default="verilator",
+                       help="backend (default verilator)")
+    qgemm.add_argument("--schedule", choices=SCHEDULES, default="auto",
+                       help="compiler schedule (default auto)")
+    qgemm.add_argument("--seed", type=_seed, default=0,
+                       help="random seed (random mode, default 0)")
+    qgemm.add_argument("--json", action="store_true", help="print one JSON object")
 
     verilog = commands.add_parser("verilog", help="write the Verilog of one configuration")
     add_config_arguments(verilog)
@@ -216,6 +267,109 @@ def _run_gemm(arguments):
     return 0
 
 
+def _qgemm_operands(arguments):
+    """The qgemm operands (a dict for :func:`sw.driver.qgemm`) and the seed (None for files)."""
+    from .quant import quantize_multiplier
+
+    files = {option: getattr(arguments, option) for option, _ in _QGEMM_FILES}
+    shape_given = [arguments.m, arguments.k, arguments.n]
+    requantization = {"out_zero_point": arguments.out_zero_point,
+                      "act_min": arguments.act_min, "act_max": arguments.act_max}
+    if any(path is not None for path in files.values()):
+        missing = [f"--{option}" for option, path in files.items() if path is None]
+        if missing:
+            raise NPUValueError(f"{', '.join(missing)} must be given too: the operand files "
+                                f"--a, --b, --bias, --multiplier and --shift go together")
+        if any(value is not None for value in shape_given):
+            raise NPUValueError("--m, --k and --n cannot be combined with operand files "
+                                "(the shape comes from the matrices)")
+        missing = [f"--{name.replace('_', '-')}" for name, value in requantization.items()
+                   if value is None]
+        if missing:
+            raise NPUValueError(f"{', '.join(missing)} required with operand files")
+        operands = {option if option not in ("a", "b") else option.upper():
+                    _load_matrix(f"--{option}", path) for option, path in files.items()}
+        return dict(operands, a_zero_point=arguments.a_zero_point, **requantization), None
+    if any(value is None for value in shape_given):
+        raise NPUValueError("--m, --k and --n are required unless the operand files --a, --b, "
+                            "--bias, --multiplier and --shift are given")
+    m, k, n = shape_given
+    rng = np.random.default_rng(arguments.seed)
+    a = rng.integers(-128, 127, size=(m, k), dtype=np.int8, endpoint=True)
+    b = rng.integers(-128, 127, size=(k, n), dtype=np.int8, endpoint=True)
+    # A k-long dot product of uniform INT8 values spreads by about 74 * 74 * sqrt(k): scale
+    # it to a spread of about 40 so that Y uses the INT8 range.
+    spread = int(74 * 74 * np.sqrt(k))
+    bias = rng.integers(-spread, spread, size=n, endpoint=True).astype(np.int32)
+    pairs = [quantize_multiplier(40.0 / spread * scale)
+             for scale in rng.uniform(0.5, 2.0, size=n)]
+    defaults = {"out_zero_point": 0, "act_min": -128, "act_max": 127}
+    requantization = {name: defaults[name] if value is None else value
+                      for name, value in requantization.items()}
+    return dict(A=a, B=b, bias=bias,
+                multiplier=np.array([pair[0] for pair in pairs], dtype=np.int32),
+                shift=np.array([pair[1] for pair in pairs], dtype=np.int32),
+                a_zero_point=arguments.a_zero_point, **requantization), arguments.seed
+
+
+def _run_qgemm(arguments):
+    from .driver import qgemm, reference_qgemm
+
+    config = _config_from(arguments)
+    operands, seed = _qgemm_operands(arguments)
+    result = qgemm(**operands, config=config, sim=arguments.sim, schedule=arguments.schedule)
+    expected = reference_qgemm(**operands)
+    mismatches = int(np.count_nonzero(result.y != expected))
+    bit_exact = mismatches == 0
+    if arguments.out is not None:
+        try:
+            np.save(arguments.out, result.y, allow_pickle=False)
+        except OSError as error:
+            raise NPUValueError(f"--out {arguments.out}: cannot write ({error})") from None
+
+    plan = result.plan
+    m, k = operands["A"].shape
+    n = operands["B"].shape[1]
+    report = {
+        "m": m, "k": k, "n": n, "rows": config.rows, "cols": config.cols,
+        "config": config.name, "spad_depth": config.spad_depth,
+        "acc_depth": config.acc_depth, "sim": arguments.sim, "bit_exact": bit_exact,
+        "mismatches": mismatches, "cycles": result.cycles, "macs": result.macs,
+        "utilization": result.utilization, "weight_tiles": plan.weight_tiles,
+        "k_tiles": plan.k_tiles, "n_tiles": plan.n_tiles, "m_blocks": plan.m_blocks,
+        "block_rows": plan.block_rows, "schedule": plan.schedule,
+        "tile_fill": plan.tile_fill, "dram_bytes_read": plan.dram_bytes_read,
+        "dram_bytes_written": plan.dram_bytes_written, "seed": seed,
+        "instructions": result.instructions, "out": arguments.out,
+        "a_zero_point": operands["a_zero_point"],
+        "out_zero_point": operands["out_zero_point"], "act_min": operands["act_min"],
+        "act_max": operands["act_max"],
+    }
+    if arguments.json:
+        print(json.dumps(report))
+    else:
+        source = f"seed {seed}" if seed is not None else f"{arguments.a}, {arguments.b}"
+        cycles = "n/a (the model counts no cycles)" if result.cycles is None \
+            else str(result.cycles)
+        utilization = "n/a" if result.utilization is None else f"{result.utilization:.1%}"
+        print(f"qgemm {m}x{k} @ {k}x{n} -> {m}x{n} int8 ({source})\n"
+              f"zero points A {operands['a_zero_point']}, Y {operands['out_zero_point']}; "
+              f"clamp {operands['act_min']} .. {operands['act_max']}\n"
+              f"config {config.name} (scratchpad {config.spad_depth} rows, accumulator "
+              f"{config.acc_depth} rows), sim {arguments.sim}\n"
+              f"bit-exact: {'yes' if bit_exact else f'NO, {mismatches} elements differ'}\n"
+              f"cycles: {cycles}\n"
+              f"utilization: {utilization} of {config.rows * config.cols} PEs "
+              f"({result.macs} MACs)\n"
+              f"instructions executed: {result.instructions}\n"
+              f"{plan.summary()}")
+    if not bit_exact:
+        print(f"npu: error: the result differs from numpy in {mismatches} of {m * n} "
+              f"elements", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
 def _run_verilog(arguments):
     config = _config_from(arguments)
     try:
@@ -265,7 +419,8 @@ def main(argv=None):
     except SystemExit as exit:
         # argparse exits after --help or a usage error; return its status for in-process use.
         return exit.code
-    handlers = {"gemm": _run_gemm, "verilog": _run_verilog, "trace": _run_trace}
+    handlers = {"gemm": _run_gemm, "qgemm": _run_qgemm, "verilog": _run_verilog,
+                "trace": _run_trace}
     try:
         return handlers[arguments.command](arguments)
     except (NPURunError, BackendUnavailable) as error:

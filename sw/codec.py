@@ -9,11 +9,16 @@ and masks. No bit position is written down here, so the two cannot drift apart;
 
 Unlike :func:`hw.isa.encode`, :func:`encode` requires every field of the opcode and rejects a
 value that does not fit its field, instead of truncating it.
+
+Signed fields (``LOAD_QUANT``'s ``zero_point``, ``act_min`` and ``act_max``) take values in
+``-2**(width-1) .. 2**(width-1)-1``, are stored in two's complement and decode sign-extended,
+exactly as the Amaranth layout (``signed(width)``) does.
 """
 
 import operator
 from dataclasses import dataclass
 
+from amaranth.hdl import Shape
 from amaranth.lib import data
 
 from hw import isa
@@ -34,14 +39,27 @@ class FieldSpec:
         Bit offset of the least significant bit in the instruction word.
     width : int
         Width in bits.
+    signed : bool
+        Whether the field holds a two's complement signed value.
     """
     name: str
     offset: int
     width: int
+    signed: bool = False
 
     @property
     def mask(self):
         return (1 << self.width) - 1
+
+    @property
+    def minimum(self):
+        """Smallest value the field takes."""
+        return -(1 << (self.width - 1)) if self.signed else 0
+
+    @property
+    def maximum(self):
+        """Largest value the field takes."""
+        return (1 << (self.width - 1)) - 1 if self.signed else self.mask
 
 
 _INSTRUCTION = data.Layout.cast(isa.Instruction)
@@ -54,7 +72,8 @@ def _fields_of(opcode):
     layout = isa.argument_layout(opcode)
     if layout is None:
         return ()
-    return tuple(FieldSpec(name, _ARGS_OFFSET + field.offset, field.width)
+    return tuple(FieldSpec(name, _ARGS_OFFSET + field.offset, field.width,
+                           Shape.cast(field.shape).signed)
                  for name, field in layout)
 
 
@@ -62,7 +81,8 @@ def _fields_of(opcode):
 FIELDS = {opcode: _fields_of(opcode) for opcode in isa.Opcode}
 _OPCODE_BY_VALUE = {opcode.value: opcode for opcode in isa.Opcode}
 # Plain tuples for the hot loops: attribute and property lookups dominate otherwise.
-_PACKING = {opcode: tuple((spec.name, spec.offset, spec.mask, spec.width) for spec in specs)
+_PACKING = {opcode: tuple((spec.name, spec.offset, spec.mask, spec.width, spec.minimum,
+                            spec.maximum, spec.signed) for spec in specs)
             for opcode, specs in FIELDS.items()}
 _NAMES = {opcode: frozenset(spec.name for spec in specs) for opcode, specs in FIELDS.items()}
 
@@ -74,7 +94,8 @@ def encode(opcode, **fields):
     ----------
     opcode : hw.isa.Opcode or int
     **fields : int
-        Every field of that opcode (see :data:`FIELDS`), each within its field width.
+        Every field of that opcode (see :data:`FIELDS`), each within its field's range
+        (``FieldSpec.minimum .. FieldSpec.maximum``; signed fields take negative values).
 
     Returns
     -------
@@ -100,16 +121,17 @@ def encode(opcode, **fields):
         raise NPUValueError(f"{opcode.name} takes the fields {sorted(expected)}; "
                             f"missing {missing}, unknown {unknown}")
     word = opcode.value << _OPCODE.offset
-    for name, offset, mask, width in _PACKING[opcode]:
+    for name, offset, mask, width, minimum, maximum, signed in _PACKING[opcode]:
         try:
             value = operator.index(fields[name])
         except TypeError:
             raise NPUTypeError(f"{opcode.name} field {name} must be an integer, "
                                f"not {fields[name]!r}") from None
-        if not 0 <= value <= mask:
-            raise NPUValueError(f"{opcode.name} field {name} must be in 0..{mask} "
-                                f"({width} bits), not {value}")
-        word |= value << offset
+        if not minimum <= value <= maximum:
+            kind = "signed, " if signed else ""
+            raise NPUValueError(f"{opcode.name} field {name} must be in {minimum}..{maximum} "
+                                f"({kind}{width} bits), not {value}")
+        word |= (value & mask) << offset
     return word
 
 
@@ -125,7 +147,13 @@ def decode(word):
     opcode = _OPCODE_BY_VALUE.get((word >> _OPCODE.offset) & _OPCODE.mask)
     if opcode is None:
         return None, {}
-    return opcode, {name: (word >> offset) & mask for name, offset, mask, _ in _PACKING[opcode]}
+    fields = {}
+    for name, offset, mask, width, _, _, signed in _PACKING[opcode]:
+        value = (word >> offset) & mask
+        if signed and value >> (width - 1):
+            value -= 1 << width
+        fields[name] = value
+    return opcode, fields
 
 
 def pack_words(words):

@@ -28,6 +28,23 @@ The "resident" schedule keeps the whole m-block of A (all k-slices) in the scrat
 reuses it for every n-tile; "streaming" reloads one k-slice per weight tile, which is the only
 choice when K is too large for the scratchpad. ``schedule="auto"`` picks the one that moves
 fewer bytes over the DRAM bus (data plus instruction fetch).
+
+Quantized layers (:func:`compile_qgemm`, and :mod:`sw.conv` for convolutions) go through one
+more general core: the output rows of the layer ("pixels") are gathered from DRAM by a
+:class:`RowGather`, which says where the activation row of each output row and each kernel
+tap lies, and where each output row goes. Per m-block and n-tile the program is::
+
+    LOAD_ACC   the bias row (INT32), DRAM stride 0: replicated into every accumulator row
+    for each tap, for each k-tile:
+        LOAD_SPAD  weight tile; PRELOAD
+        [streaming] LOAD_SPAD the block's activation rows, one instruction per strided run
+        MATMUL     accumulate = 1
+    LOAD_QUANT the n-tile's multipliers and shifts (once for the program if there is one n-tile)
+    STORE_Q    requantized INT8 rows, one instruction per strided run
+
+The quantization parameters of a layer are two INT32 rows of N lanes in DRAM, multipliers
+then shifts (``quant_addr`` and ``quant_addr + 4 N``); n-tile ``t`` reads lanes ``t C ..``
+of both with one ``LOAD_QUANT`` (``dram_stride = 4 N``).
 """
 
 import operator
@@ -41,7 +58,9 @@ from . import codec
 from .errors import NPUTypeError, NPUValueError, PlanError
 
 
-__all__ = ["SCHEDULES", "GemmPlan", "Program", "plan_gemm", "compile_gemm"]
+__all__ = ["SCHEDULES", "GemmPlan", "Program", "plan_gemm", "compile_gemm",
+           "QuantPlan", "QuantProgram", "RowGather", "GemmGather", "plan_qgemm",
+           "compile_qgemm", "plan_quantized", "compile_quantized"]
 
 
 #: Accepted values of the ``schedule`` argument.
@@ -50,6 +69,8 @@ SCHEDULES = ("auto", "resident", "streaming")
 _ADDRESS_SPACE = 1 << 32
 #: Scratchpad row where the weight tile is loaded; activations start right after it.
 _WEIGHT_BASE = 0
+#: Most rows one DMA or MATMUL instruction moves: its ``rows`` field is 16 bits wide.
+_MAX_INSTRUCTION_ROWS = (1 << 16) - 1
 
 
 def _ceil_div(numerator, denominator):
@@ -161,6 +182,11 @@ class Program:
         """The program as it is laid out in DRAM: 16 bytes per instruction, little-endian."""
         return codec.pack_words(self.words)
 
+    @property
+    def body(self):
+        """The words without the final ``END``: programs chain by concatenating bodies."""
+        return self.words[:-1]
+
     def __len__(self):
         return len(self.words)
 
@@ -267,45 +293,71 @@ def _check_region(name, addr, size):
 
 
 class _Emitter:
-    """Encodes instructions and counts what they use, so the plan can be checked."""
+    """Encodes instructions and counts what they use, so the plan can be checked.
 
-    def __init__(self, config):
+    A ``dry`` emitter only counts (planning runs the emission once per candidate schedule;
+    encoding is most of its cost).
+    """
+
+    def __init__(self, config, dry=False):
         self.config = config
+        self.dry = dry
         self.words = []
+        self.instructions = 0
         self.bytes_read = 0
         self.bytes_written = 0
         self.spad_rows_used = 0
         self.acc_rows_used = 0
         self.weight_loads = 0
 
+    def _emit(self, opcode, **fields):
+        self.instructions += 1
+        if not self.dry:
+            self.words.append(codec.encode(opcode, **fields))
+
     def load_spad(self, local_addr, rows, row_bytes, dram_addr, dram_stride):
-        self.words.append(codec.encode(
-            Opcode.LOAD_SPAD, local_addr=local_addr, rows=rows, row_bytes=row_bytes,
-            dram_addr=dram_addr, dram_stride=dram_stride))
+        self._emit(Opcode.LOAD_SPAD, local_addr=local_addr, rows=rows, row_bytes=row_bytes,
+                   dram_addr=dram_addr, dram_stride=dram_stride)
         self.bytes_read += rows * row_bytes
         self.spad_rows_used = max(self.spad_rows_used, local_addr + rows)
 
+    def load_acc(self, local_addr, rows, row_bytes, dram_addr, dram_stride):
+        self._emit(Opcode.LOAD_ACC, local_addr=local_addr, rows=rows, row_bytes=row_bytes,
+                   dram_addr=dram_addr, dram_stride=dram_stride)
+        self.bytes_read += rows * row_bytes
+        self.acc_rows_used = max(self.acc_rows_used, local_addr + rows)
+
     def preload(self, spad_addr):
-        self.words.append(codec.encode(Opcode.PRELOAD, spad_addr=spad_addr))
+        self._emit(Opcode.PRELOAD, spad_addr=spad_addr)
         self.weight_loads += 1
         self.spad_rows_used = max(self.spad_rows_used, spad_addr + self.config.rows)
 
     def matmul(self, spad_addr, acc_addr, rows, accumulate):
-        self.words.append(codec.encode(
-            Opcode.MATMUL, spad_addr=spad_addr, acc_addr=acc_addr, rows=rows,
-            accumulate=int(accumulate)))
+        self._emit(Opcode.MATMUL, spad_addr=spad_addr, acc_addr=acc_addr, rows=rows,
+                   accumulate=int(accumulate))
         self.spad_rows_used = max(self.spad_rows_used, spad_addr + rows)
         self.acc_rows_used = max(self.acc_rows_used, acc_addr + rows)
 
     def store(self, acc_addr, rows, row_bytes, dram_addr, dram_stride):
-        self.words.append(codec.encode(
-            Opcode.STORE, acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
-            dram_addr=dram_addr, dram_stride=dram_stride))
+        self._emit(Opcode.STORE, acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
+                   dram_addr=dram_addr, dram_stride=dram_stride)
+        self.bytes_written += rows * row_bytes
+        self.acc_rows_used = max(self.acc_rows_used, acc_addr + rows)
+
+    def load_quant(self, dram_addr, dram_stride, row_bytes, zero_point, act_min, act_max):
+        self._emit(Opcode.LOAD_QUANT, dram_addr=dram_addr, dram_stride=dram_stride,
+                   row_bytes=row_bytes, zero_point=zero_point, act_min=act_min,
+                   act_max=act_max)
+        self.bytes_read += 2 * row_bytes
+
+    def store_q(self, acc_addr, rows, row_bytes, dram_addr, dram_stride):
+        self._emit(Opcode.STORE_Q, acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
+                   dram_addr=dram_addr, dram_stride=dram_stride)
         self.bytes_written += rows * row_bytes
         self.acc_rows_used = max(self.acc_rows_used, acc_addr + rows)
 
     def end(self):
-        self.words.append(codec.encode(Opcode.END))
+        self._emit(Opcode.END)
 
 
 def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
@@ -382,3 +434,477 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
                            f"planned {plan}\nemitted {counted}")
     return Program(words=emit.words, plan=counted, a_addr=a_addr, b_addr=b_addr,
                    c_addr=c_addr)
+
+
+# Quantized layers -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """How a quantized layer (INT8 in, INT8 out) is placed on the array, and what it costs.
+
+    Attributes
+    ----------
+    config : str
+        Name of the configuration (``RxC``).
+    rows, cols : int
+        R and C of the array.
+    m : int
+        Output rows: rows of A for a GEMM, output pixels for a convolution.
+    k : int
+        Reduction length of one output: ``taps * k_tap``.
+    n : int
+        Output columns (channels).
+    taps : int
+        Kernel taps (1 for a GEMM, ``KH * KW`` for a convolution), each a ``k_tap x n``
+        weight matrix.
+    k_tap : int
+        Reduction length of one tap (the input channels of a convolution).
+    schedule : str
+        ``"resident"`` or ``"streaming"``.
+    k_tiles, n_tiles : int
+        ``ceil(k_tap / rows)`` and ``ceil(n / cols)``.
+    weight_tiles : int
+        ``taps * k_tiles * n_tiles``.
+    m_blocks, block_rows : int
+        Blocks of output rows, and the rows of a block (the last may have fewer).
+    weight_loads : int
+        ``PRELOAD`` instructions.
+    spad_rows_used, acc_rows_used : int
+        Highest scratchpad / accumulator row used, plus one.
+    dram_bytes_read, dram_bytes_written : int
+        Bytes the DMA instructions move (instruction fetch excluded).
+    instructions : int
+        Program length, ``END`` included.
+    """
+    config: str
+    rows: int
+    cols: int
+    m: int
+    k: int
+    n: int
+    taps: int
+    k_tap: int
+    schedule: str
+    k_tiles: int
+    n_tiles: int
+    weight_tiles: int
+    m_blocks: int
+    block_rows: int
+    weight_loads: int
+    spad_rows_used: int
+    acc_rows_used: int
+    dram_bytes_read: int
+    dram_bytes_written: int
+    instructions: int
+
+    @property
+    def program_bytes(self):
+        """Bytes of the program in DRAM (each instruction is fetched once)."""
+        return self.instructions * INSTR_BYTES
+
+    @property
+    def macs(self):
+        """Useful multiply-accumulates: ``m * k * n``."""
+        return self.m * self.k * self.n
+
+    @property
+    def tile_fill(self):
+        """Useful MACs over the MAC slots that the ``MATMUL`` instructions occupy."""
+        return self.macs / (self.m * self.weight_tiles * self.rows * self.cols)
+
+    def summary(self):
+        """A few readable lines about the plan."""
+        return (f"{self.weight_tiles} weight tiles ({self.taps} tap(s) x {self.k_tiles} "
+                f"k-tiles x {self.n_tiles} n-tiles of {self.rows}x{self.cols}), tile fill "
+                f"{self.tile_fill:.1%}\n"
+                f"{self.m_blocks} m-block(s) of up to {self.block_rows} rows, {self.schedule} "
+                f"schedule, {self.weight_loads} weight loads\n"
+                f"scratchpad rows {self.spad_rows_used}, accumulator rows "
+                f"{self.acc_rows_used}, {self.instructions} instructions\n"
+                f"DRAM bytes: {self.dram_bytes_read} read, {self.dram_bytes_written} written, "
+                f"{self.program_bytes} of program")
+
+
+@dataclass(frozen=True)
+class QuantProgram:
+    """A compiled quantized layer.
+
+    Attributes
+    ----------
+    words : list of int
+        The 128-bit instruction words, ``END`` last.
+    plan : QuantPlan
+        The plan, with its counts taken from ``words``.
+    addresses : dict
+        The DRAM addresses the program was compiled for, by argument name:
+        ``a_addr, b_addr, bias_addr, quant_addr, y_addr`` (``x_addr`` and ``w_addr`` in
+        place of the first two for a convolution).
+    """
+    words: list
+    plan: QuantPlan
+    addresses: dict
+
+    @property
+    def bytes(self):
+        """The program as it is laid out in DRAM: 16 bytes per instruction, little-endian."""
+        return codec.pack_words(self.words)
+
+    @property
+    def body(self):
+        """The words without the final ``END``: layers chain by concatenating bodies (each
+        layer loads its own bias and quantization parameters), then one ``END``."""
+        return self.words[:-1]
+
+    def __len__(self):
+        return len(self.words)
+
+
+def merge_runs(runs):
+    """Join consecutive strided runs that continue one another into one run.
+
+    Parameters
+    ----------
+    runs : iterable of (offset, rows, addr, stride)
+        Runs of rows in order: run ``i`` covers rows ``offset .. offset+rows-1`` of a block,
+        row ``r`` of it at ``addr + r * stride``.
+
+    Returns
+    -------
+    list of (offset, rows, addr, stride)
+        The same rows, in as few runs as joining neighbours allows. A one-row run has stride
+        0 unless it was joined.
+    """
+    merged = []
+    for offset, rows, addr, stride in runs:
+        if rows == 1:
+            stride = 0
+        if merged:
+            last_offset, last_rows, last_addr, last_stride = merged[-1]
+            if last_offset + last_rows == offset:
+                if last_rows == 1:
+                    step = addr - last_addr
+                    if step > 0 and (rows == 1 or stride == step):
+                        merged[-1] = (last_offset, last_rows + rows, last_addr, step)
+                        continue
+                elif addr == last_addr + last_rows * last_stride and (rows == 1
+                                                                      or stride == last_stride):
+                    merged[-1] = (last_offset, last_rows + rows, last_addr, last_stride)
+                    continue
+        merged.append((offset, rows, addr, stride))
+    return merged
+
+
+class RowGather:
+    """Where the rows of a quantized layer live in DRAM (the base class of the lowerings).
+
+    A quantized layer computes ``m`` output rows of ``n`` INT8 values. Output row ``p`` is
+    the sum over ``taps`` kernel taps of an activation row (``k_tap`` INT8 values) times the
+    tap's ``k_tap x n`` weight matrix, plus the bias, requantized. Weight matrix ``t`` is
+    stored row-major at ``w_addr + t * k_tap * n`` (so a GEMM's B, or HWIO convolution
+    weights, as they are).
+
+    Subclasses set the attributes and implement :meth:`activation_runs` and
+    :meth:`output_runs`; addresses are relative to the region's base.
+
+    Attributes
+    ----------
+    m, n, taps, k_tap : int
+    row_group : int
+        Output rows that share one strided run (an image row of a convolution). Blocks are
+        made a multiple of it where they can be, which saves instructions.
+    activation_bytes, output_bytes : int
+        Extent of the activation and output regions in DRAM.
+    """
+    m = n = taps = k_tap = 1
+    row_group = 1
+    activation_bytes = output_bytes = 0
+
+    def activation_runs(self, tap, start, stop):
+        """The activation rows of output rows ``start .. stop-1`` for ``tap``, as runs
+        ``(offset, rows, addr, stride)`` (see :func:`merge_runs`), channel 0."""
+        raise NotImplementedError
+
+    def output_runs(self, start, stop):
+        """Where output rows ``start .. stop-1`` go, as runs, channel 0."""
+        raise NotImplementedError
+
+    @property
+    def weight_bytes(self):
+        return self.taps * self.k_tap * self.n
+
+
+class GemmGather(RowGather):
+    """``Y = A @ B``: row ``p`` of A at ``p * a_stride``, row ``p`` of Y at ``p * y_stride``.
+
+    Parameters
+    ----------
+    m, k, n : int
+        The GEMM shape.
+    a_stride, y_stride : int, optional
+        Row strides in bytes; ``k`` and ``n`` (row-major, unpadded) by default.
+    """
+
+    def __init__(self, m, k, n, *, a_stride=None, y_stride=None):
+        self.m, self.k_tap, self.n = (_check_positive(name, value)
+                                      for name, value in (("m", m), ("k", k), ("n", n)))
+        self.taps = 1
+        self.a_stride = self.k_tap if a_stride is None else _as_int("a_stride", a_stride)
+        self.y_stride = self.n if y_stride is None else _as_int("y_stride", y_stride)
+        if self.a_stride < self.k_tap:
+            raise NPUValueError(f"a_stride must be at least k = {self.k_tap}, "
+                                f"not {self.a_stride}")
+        if self.y_stride < self.n:
+            raise NPUValueError(f"y_stride must be at least n = {self.n}, not {self.y_stride}")
+        self.activation_bytes = (self.m - 1) * self.a_stride + self.k_tap
+        self.output_bytes = (self.m - 1) * self.y_stride + self.n
+
+    def activation_runs(self, tap, start, stop):
+        return merge_runs([(0, stop - start, start * self.a_stride, self.a_stride)])
+
+    def output_runs(self, start, stop):
+        return merge_runs([(0, stop - start, start * self.y_stride, self.y_stride)])
+
+
+def _check_quant_operands(zero_point, act_min, act_max):
+    zero_point, act_min, act_max = (_as_int(name, value) for name, value in (
+        ("out_zero_point", zero_point), ("act_min", act_min), ("act_max", act_max)))
+    for name, value in (("out_zero_point", zero_point), ("act_min", act_min),
+                        ("act_max", act_max)):
+        if not -128 <= value <= 127:
+            raise NPUValueError(f"{name} must be within -128 .. 127, not {value}")
+    if act_min > act_max:
+        raise NPUValueError(f"act_min must not exceed act_max, but act_min = {act_min} and "
+                            f"act_max = {act_max}")
+    return zero_point, act_min, act_max
+
+
+def _emit_quantized(emit, config, gather, schedule, block_rows, addresses, zero_point,
+                    act_min, act_max):
+    """Emit the program of a quantized layer (see the module documentation)."""
+    rows, cols = config.rows, config.cols
+    m, n, k_tap = gather.m, gather.n, gather.k_tap
+    a_addr, b_addr, bias_addr, quant_addr, y_addr = addresses
+    slices = [(tap, k_start) for tap in range(gather.taps) for k_start in range(0, k_tap, rows)]
+    n_starts = range(0, n, cols)
+    activation_base = _WEIGHT_BASE + rows
+    resident = schedule == "resident"
+
+    def load_quant(n_start):
+        emit.load_quant(dram_addr=quant_addr + 4 * n_start, dram_stride=4 * n,
+                        row_bytes=4 * min(cols, n - n_start), zero_point=zero_point,
+                        act_min=act_min, act_max=act_max)
+
+    if len(n_starts) == 1:
+        load_quant(0)
+    for start in range(0, m, block_rows):
+        stop = min(start + block_rows, m)
+        runs_of_tap = [gather.activation_runs(tap, start, stop) for tap in range(gather.taps)]
+
+        def load_activations(tap, k_start, spad_addr):
+            for offset, count, addr, stride in runs_of_tap[tap]:
+                emit.load_spad(local_addr=spad_addr + offset, rows=count,
+                               row_bytes=min(rows, k_tap - k_start),
+                               dram_addr=a_addr + addr + k_start, dram_stride=stride)
+
+        if resident:
+            # Slice (tap, k-tile) number `slot` lives at activation_base + slot * block_rows.
+            for slot, (tap, k_start) in enumerate(slices):
+                load_activations(tap, k_start, activation_base + slot * block_rows)
+        for n_start in n_starts:
+            n_width = min(cols, n - n_start)
+            # The bias row, replicated by a zero stride, starts every accumulator row.
+            emit.load_acc(local_addr=0, rows=stop - start, row_bytes=4 * n_width,
+                          dram_addr=bias_addr + 4 * n_start, dram_stride=0)
+            for slot, (tap, k_start) in enumerate(slices):
+                emit.load_spad(local_addr=_WEIGHT_BASE, rows=min(rows, k_tap - k_start),
+                               row_bytes=n_width,
+                               dram_addr=b_addr + (tap * k_tap + k_start) * n + n_start,
+                               dram_stride=n)
+                emit.preload(spad_addr=_WEIGHT_BASE)
+                if resident:
+                    activation_addr = activation_base + slot * block_rows
+                else:
+                    activation_addr = activation_base
+                    load_activations(tap, k_start, activation_addr)
+                emit.matmul(spad_addr=activation_addr, acc_addr=0, rows=stop - start,
+                            accumulate=1)
+            if len(n_starts) > 1:
+                load_quant(n_start)
+            for offset, count, addr, stride in gather.output_runs(start, stop):
+                emit.store_q(acc_addr=offset, rows=count, row_bytes=n_width,
+                             dram_addr=y_addr + addr + n_start, dram_stride=stride)
+    emit.end()
+
+
+def _counted_plan(config, gather, schedule, block_rows, emit):
+    k_tiles = _ceil_div(gather.k_tap, config.rows)
+    n_tiles = _ceil_div(gather.n, config.cols)
+    return QuantPlan(
+        config=config.name, rows=config.rows, cols=config.cols, m=gather.m,
+        k=gather.taps * gather.k_tap, n=gather.n, taps=gather.taps, k_tap=gather.k_tap,
+        schedule=schedule, k_tiles=k_tiles, n_tiles=n_tiles,
+        weight_tiles=gather.taps * k_tiles * n_tiles, m_blocks=_ceil_div(gather.m, block_rows),
+        block_rows=block_rows, weight_loads=emit.weight_loads,
+        spad_rows_used=emit.spad_rows_used, acc_rows_used=emit.acc_rows_used,
+        dram_bytes_read=emit.bytes_read, dram_bytes_written=emit.bytes_written,
+        instructions=emit.instructions)
+
+
+def plan_quantized(config, gather, *, schedule="auto"):
+    """Choose how to place the quantized layer described by ``gather`` on ``config``.
+
+    Each candidate schedule is emitted once without encoding, so the counts in the plan are
+    those of the program :func:`compile_quantized` emits (they do not depend on addresses).
+
+    Parameters
+    ----------
+    config : hw.config.NPUConfig
+    gather : RowGather
+    schedule : str
+        One of :data:`SCHEDULES`; ``"auto"`` picks the one with the least DRAM traffic
+        (data plus program), the resident one on a tie.
+
+    Returns
+    -------
+    QuantPlan
+
+    Raises
+    ------
+    PlanError
+        If the scratchpad cannot hold a weight tile plus one activation row, or the requested
+        schedule does not fit.
+    """
+    if not isinstance(config, NPUConfig):
+        raise NPUTypeError(f"config must be an NPUConfig, not {config!r}")
+    if not isinstance(gather, RowGather):
+        raise NPUTypeError(f"gather must be a RowGather, not {gather!r}")
+    if schedule not in SCHEDULES:
+        raise NPUValueError(f"schedule must be one of {', '.join(SCHEDULES)}, "
+                            f"not {schedule!r}")
+    activation_capacity = config.spad_depth - config.rows
+    if activation_capacity < 1:
+        raise PlanError(f"config {config.name}: a scratchpad of {config.spad_depth} rows "
+                        f"cannot hold a weight tile of {config.rows} rows plus one "
+                        f"activation row")
+    slices = gather.taps * _ceil_div(gather.k_tap, config.rows)
+
+    def block_rows_for(capacity):
+        rows = min(capacity, config.acc_depth, _MAX_INSTRUCTION_ROWS, gather.m)
+        if gather.row_group <= rows < gather.m:
+            rows -= rows % gather.row_group       # whole image rows: fewer DMA instructions
+        return rows
+
+    def counted(schedule, block_rows):
+        emit = _Emitter(config, dry=True)
+        _emit_quantized(emit, config, gather, schedule, block_rows, (0, 0, 0, 0, 0), 0,
+                        -128, 127)
+        return _counted_plan(config, gather, schedule, block_rows, emit)
+
+    candidates = []
+    if schedule in ("auto", "resident"):
+        if activation_capacity // slices >= 1:
+            candidates.append(counted("resident", block_rows_for(activation_capacity // slices)))
+        elif schedule == "resident":
+            raise PlanError(f"config {config.name}: the resident schedule needs {slices} "
+                            f"scratchpad rows per output row ({gather.taps} tap(s) x "
+                            f"{slices // gather.taps} k-tiles), but only "
+                            f"{activation_capacity} rows are free next to the weight tile")
+    if schedule in ("auto", "streaming"):
+        candidates.append(counted("streaming", block_rows_for(activation_capacity)))
+
+    def traffic(plan):
+        return plan.dram_bytes_read + plan.dram_bytes_written + plan.program_bytes
+    return min(candidates, key=traffic)
+
+
+def compile_quantized(config, gather, *, a_addr, b_addr, bias_addr, quant_addr, y_addr,
+                      out_zero_point, act_min, act_max, schedule="auto"):
+    """Compile the quantized layer described by ``gather`` into a program.
+
+    Parameters
+    ----------
+    config : hw.config.NPUConfig
+    gather : RowGather
+    a_addr : int
+        Base of the activation region (``gather.activation_bytes`` bytes).
+    b_addr : int
+        Weights: ``gather.taps`` matrices of ``k_tap x n`` INT8, row-major, back to back.
+    bias_addr : int
+        ``n`` INT32 (little-endian): the bias, with any input zero point folded in.
+    quant_addr : int
+        ``n`` INT32 multipliers, then ``n`` INT32 shifts.
+    y_addr : int
+        Base of the output region (``gather.output_bytes`` bytes).
+    out_zero_point, act_min, act_max : int
+        Output zero point and clamp, within -128 .. 127, ``act_min <= act_max``.
+    schedule : str
+        One of :data:`SCHEDULES`; see :func:`plan_quantized`.
+
+    Returns
+    -------
+    QuantProgram
+        ``addresses`` has the keys ``a_addr, b_addr, bias_addr, quant_addr, y_addr``.
+    """
+    return _compile_quantized(
+        config, gather, dict(a_addr=a_addr, b_addr=b_addr, bias_addr=bias_addr,
+                             quant_addr=quant_addr, y_addr=y_addr),
+        out_zero_point, act_min, act_max, schedule)
+
+
+def _compile_quantized(config, gather, addresses, out_zero_point, act_min, act_max, schedule):
+    """:func:`compile_quantized` with the addresses in a dict (activations, weights, bias,
+    quantization, output, in that order) whose names the errors and the program use."""
+    plan = plan_quantized(config, gather, schedule=schedule)
+    zero_point, act_min, act_max = _check_quant_operands(out_zero_point, act_min, act_max)
+    n = gather.n
+    sizes = (gather.activation_bytes, gather.weight_bytes, 4 * n, 8 * n, gather.output_bytes)
+    addresses = {name: _check_region(name, addr, size)
+                 for (name, addr), size in zip(addresses.items(), sizes)}
+    emit = _Emitter(config)
+    _emit_quantized(emit, config, gather, plan.schedule, plan.block_rows,
+                    tuple(addresses.values()), zero_point, act_min, act_max)
+    counted = _counted_plan(config, gather, plan.schedule, plan.block_rows, emit)
+    if counted != plan or len(emit.words) != plan.instructions:
+        raise RuntimeError(f"compiler bug: the emitted program does not match its plan:\n"
+                           f"planned {plan}\nemitted {counted}")
+    return QuantProgram(words=emit.words, plan=plan, addresses=addresses)
+
+
+def plan_qgemm(config, m, k, n, *, schedule="auto"):
+    """The :class:`QuantPlan` of a quantized ``(m x k) @ (k x n)`` GEMM (see
+    :func:`compile_qgemm`)."""
+    return plan_quantized(config, GemmGather(m, k, n), schedule=schedule)
+
+
+def compile_qgemm(config, m, k, n, *, a_addr, b_addr, bias_addr, quant_addr, y_addr,
+                  out_zero_point, act_min, act_max, y_stride=None, schedule="auto"):
+    """Compile ``Y = requantize(A @ B + bias)`` into a program for ``config``.
+
+    Parameters
+    ----------
+    config : hw.config.NPUConfig
+    m, k, n : int
+        Positive GEMM dimensions.
+    a_addr, b_addr : int
+        A (INT8, ``m x k``) and B (INT8, ``k x n``), row-major without padding.
+    bias_addr : int
+        ``n`` INT32: the bias, with the input zero point already folded in
+        (``bias - a_zero_point * B.sum(axis=0)``).
+    quant_addr : int
+        ``n`` INT32 multipliers, then ``n`` INT32 shifts.
+    y_addr : int
+        Y, INT8, ``m`` rows of ``n`` bytes, ``y_stride`` (default ``n``) bytes apart.
+    out_zero_point, act_min, act_max : int
+        Output zero point and clamp.
+    schedule : str
+        One of :data:`SCHEDULES`.
+
+    Returns
+    -------
+    QuantProgram
+        ``addresses`` has the keys ``a_addr, b_addr, bias_addr, quant_addr, y_addr``.
+    """
+    return compile_quantized(config, GemmGather(m, k, n, y_stride=y_stride), a_addr=a_addr,
+                             b_addr=b_addr, bias_addr=bias_addr, quant_addr=quant_addr,
+                             y_addr=y_addr, out_zero_point=out_zero_point, act_min=act_min,
+                             act_max=act_max, schedule=schedule)

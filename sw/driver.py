@@ -11,6 +11,19 @@ DRAM layout used by :func:`gemm` (every region starts 64-byte aligned)::
     size            the end of C rounded up to a multiple of 4 KiB
 
 The program sits below the data, so a store that ran past C could not overwrite it.
+
+Quantized layers (:func:`qgemm`, :func:`sw.conv.conv2d`) use :func:`layout_regions`: the same
+zero page and program, then one 64-byte aligned region per operand. For :func:`qgemm`::
+
+    a       A, INT8, M x K row-major
+    b       B, INT8, K x N row-major
+    bias    N INT32 little-endian: bias - a_zero_point * B.sum(axis=0)
+    quant   N INT32 multipliers, then N INT32 shifts (LOAD_QUANT reads both rows of an
+            n-tile with dram_stride = 4 N)
+    y       Y, INT8, M x N row-major, poisoned with 0xA5 before the run
+
+:func:`run_jobs` runs any mix of prepared jobs (:func:`prepare_gemm`, :func:`prepare_qgemm`,
+:func:`sw.conv.prepare_conv2d`) in one backend run: one simulation on the RTL backends.
 """
 
 from dataclasses import dataclass
@@ -24,7 +37,9 @@ from .errors import NPURunError, NPUTypeError, NPUValueError
 
 
 __all__ = ["DramLayout", "GemmResult", "gemm", "gemm_batch", "reference_gemm", "layout_dram",
-           "PROGRAM_ADDR", "REGION_ALIGN", "DRAM_GRANULE", "POISON"]
+           "PROGRAM_ADDR", "REGION_ALIGN", "DRAM_GRANULE", "POISON",
+           "RegionLayout", "QuantResult", "PreparedJob", "qgemm", "qgemm_batch",
+           "reference_qgemm", "layout_regions", "prepare_gemm", "prepare_qgemm", "run_jobs"]
 
 
 #: Byte address of the program: non-zero so that a zero program pointer cannot run it.
@@ -197,17 +212,9 @@ def gemm(A, B, config=None, sim="model", *, schedule="auto"):
     return gemm_batch([(A, B)], config=config, sim=sim, schedule=schedule)[0]
 
 
-@dataclass(frozen=True)
-class _Job:
-    program: object
-    layout: DramLayout
-    dram: np.ndarray
-    m: int
-    n: int
-
-
-def _prepare(A, B, config, schedule):
-    """Check the operands, compile the GEMM and build its DRAM image."""
+def prepare_gemm(A, B, *, config=None, schedule="auto"):
+    """Check the operands, compile the GEMM and build its DRAM image (see :func:`run_jobs`)."""
+    config = check_config(config)
     _check_operands(A, B)
     m, k = A.shape
     n = B.shape[1]
@@ -224,21 +231,13 @@ def _prepare(A, B, config, schedule):
     dram[layout.b_addr:layout.b_addr + layout.b_bytes] = np.ascontiguousarray(B).view(
         np.uint8).reshape(-1)
     dram[layout.c_addr:layout.c_addr + layout.c_bytes] = POISON
-    return _Job(program=program, layout=layout, dram=dram, m=m, n=n)
 
-
-def _finish(job, result, config, sim):
-    """Check how the program ended and read C out of the DRAM it left."""
-    layout = job.layout
-    if not result.done:
-        raise NPURunError(result.error_code, result.error_pc,
-                          f"the NPU program stopped with error {result.error_code.name} at "
-                          f"instruction {result.error_pc} of {len(job.program)} ({sim}, "
-                          f"{config.name})")
-    c = (result.dram[layout.c_addr:layout.c_addr + layout.c_bytes].view("<i4")
-         .reshape(job.m, job.n).astype(np.int32))
-    return GemmResult(c=c, config=config, sim=sim, plan=job.program.plan, layout=layout,
-                      cycles=result.cycles, instructions=result.instructions)
+    def finish(result, config, sim):
+        c = (result.dram[layout.c_addr:layout.c_addr + layout.c_bytes].view("<i4")
+             .reshape(m, n).astype(np.int32))
+        return GemmResult(c=c, config=config, sim=sim, plan=program.plan, layout=layout,
+                          cycles=result.cycles, instructions=result.instructions)
+    return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
 
 
 def gemm_batch(pairs, config=None, sim="model", *, schedule="auto"):
@@ -248,14 +247,376 @@ def gemm_batch(pairs, config=None, sim="model", *, schedule="auto"):
     simulator start instead of one per GEMM); the NPU is not reset between them. Every pair
     is checked before anything runs. Arguments, results and errors are as for :func:`gemm`.
     """
+    config = check_config_and_sim(config, sim)
+    jobs = [prepare_gemm(A, B, config=config, schedule=schedule) for A, B in pairs]
+    return run_jobs(jobs, config, sim)
+
+
+# Quantized layers -----------------------------------------------------------------------------
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class RegionLayout:
+    """Where a quantized layer's program and operands sit in DRAM.
+
+    Attributes
+    ----------
+    program_addr, program_bytes : int
+    regions : dict
+        ``name -> (addr, bytes)``, in address order, each region 64-byte aligned.
+    size : int
+        DRAM size: the end of the last region rounded up to a multiple of 4 KiB.
+    """
+    program_addr: int
+    program_bytes: int
+    regions: dict
+    size: int
+
+    def addr(self, name):
+        return self.regions[name][0]
+
+    def span(self, name):
+        """``slice`` of the region in a DRAM array."""
+        addr, size = self.regions[name]
+        return slice(addr, addr + size)
+
+
+def layout_regions(instructions, regions, what="the layer"):
+    """Lay out a program of ``instructions`` and then ``regions`` (``[(name, bytes), ...]``),
+    each 64-byte aligned, starting with the program at :data:`PROGRAM_ADDR`.
+
+    Raises
+    ------
+    NPUValueError
+        If everything does not fit in the 4 GiB a 32-bit address reaches.
+    """
+    program_bytes = 16 * instructions
+    addr = _align(PROGRAM_ADDR + program_bytes, REGION_ALIGN)
+    placed = {}
+    for name, size in regions:
+        placed[name] = (addr, size)
+        addr = _align(addr + size, REGION_ALIGN)
+    size = _align(addr, DRAM_GRANULE)
+    if size > _ADDRESS_SPACE:
+        raise NPUValueError(f"{what} needs {size} bytes of DRAM (program and operands), more "
+                            f"than the 4 GiB a 32-bit address reaches")
+    return RegionLayout(program_addr=PROGRAM_ADDR, program_bytes=program_bytes,
+                        regions=placed, size=size)
+
+
+@dataclass(frozen=True)
+class QuantResult:
+    """The INT8 output of a quantized layer and how it was computed.
+
+    Attributes
+    ----------
+    y : numpy.ndarray
+        ``int8``: ``M x N`` for :func:`qgemm`, ``batch x OH x OW x C_out`` for
+        :func:`sw.conv.conv2d`.
+    config : hw.config.NPUConfig
+    sim : str
+    plan : sw.compiler.QuantPlan
+    layout : RegionLayout
+    cycles : int or None
+        Clock cycles of the run; ``None`` on the model.
+    instructions : int
+        Instructions executed, ``END`` included.
+    """
+    y: np.ndarray
+    config: NPUConfig
+    sim: str
+    plan: object
+    layout: RegionLayout
+    cycles: "int | None"
+    instructions: int
+
+    @property
+    def weight_tiles(self):
+        return self.plan.weight_tiles
+
+    @property
+    def macs(self):
+        """Useful multiply-accumulates."""
+        return self.plan.macs
+
+    @property
+    def utilization(self):
+        """``macs / (cycles * R * C)``, or ``None`` when the backend counts no cycles."""
+        if self.cycles is None:
+            return None
+        return self.macs / (self.cycles * self.config.rows * self.config.cols)
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A program in its DRAM image, and how to read its result back.
+
+    Attributes
+    ----------
+    dram : numpy.ndarray
+        The initial DRAM image.
+    program : object
+        The compiled program (``len()`` is its length).
+    layout : RegionLayout or DramLayout
+    finish : callable
+        ``finish(run_result, config, sim)`` returns the result object.
+    """
+    dram: np.ndarray
+    program: object
+    layout: object
+    finish: object
+
+
+def run_jobs(jobs, config, sim):
+    """Run prepared jobs in one backend run (one simulation on the RTL backends) and return
+    their results; a job whose program stopped with an error raises :class:`NPURunError`."""
+    results = backend.run_programs(
+        config, sim, [(job.dram, job.layout.program_addr, len(job.program)) for job in jobs])
+    finished = []
+    for job, result in zip(jobs, results):
+        if not result.done:
+            raise NPURunError(result.error_code, result.error_pc,
+                              f"the NPU program stopped with error {result.error_code.name} "
+                              f"at instruction {result.error_pc} of {len(job.program)} "
+                              f"({sim}, {config.name})")
+        finished.append(job.finish(result, config, sim))
+    return finished
+
+
+def check_config(config):
+    """The config (``NPUConfig()`` for ``None``), after checking its type."""
     if config is None:
         config = NPUConfig()
     if not isinstance(config, NPUConfig):
         raise NPUTypeError(f"config must be an NPUConfig, not {config!r}")
+    return config
+
+
+def check_config_and_sim(config, sim):
+    """The config (``NPUConfig()`` for ``None``), after checking it and ``sim``."""
+    config = check_config(config)
     if sim not in backend.SIMULATORS:
         raise NPUValueError(f"sim must be one of {', '.join(backend.SIMULATORS)}, "
                             f"not {sim!r}")
-    jobs = [_prepare(A, B, config, schedule) for A, B in pairs]
-    results = backend.run_programs(
-        config, sim, [(job.dram, job.layout.program_addr, len(job.program)) for job in jobs])
-    return [_finish(job, result, config, sim) for job, result in zip(jobs, results)]
+    return config
+
+
+def check_int(name, value, low, high):
+    """``value`` as a Python int within ``low .. high``; bools and floats are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise NPUTypeError(f"{name} must be an integer, not {value!r}")
+    value = int(value)
+    if not low <= value <= high:
+        raise NPUValueError(f"{name} must be within {low} .. {high}, not {value}")
+    return value
+
+
+def check_int8_array(name, array, ndim, what):
+    """Refuse anything but a non-empty ``ndim``-dimensional int8 numpy array."""
+    if not isinstance(array, np.ndarray):
+        raise NPUTypeError(f"{name} must be a numpy array of int8, not {type(array).__name__}")
+    if array.dtype != np.int8:
+        raise NPUTypeError(f"{name} must have dtype int8, not {array.dtype}; quantize it "
+                           f"explicitly (the NPU computes INT8 x INT8 only)")
+    if array.ndim != ndim:
+        raise NPUValueError(f"{name} must be {what} ({ndim} dimensions), not of shape "
+                            f"{array.shape}")
+    if array.size == 0:
+        raise NPUValueError(f"{name} must not be empty, but its shape is {array.shape}")
+
+
+def check_channel_vector(name, vector, channels, what):
+    """Refuse anything but an int32 numpy array of shape ``(channels,)``."""
+    if not isinstance(vector, np.ndarray):
+        raise NPUTypeError(f"{name} must be a numpy array of int32, not "
+                           f"{type(vector).__name__}")
+    if vector.dtype != np.int32:
+        raise NPUTypeError(f"{name} must have dtype int32, not {vector.dtype}")
+    if vector.shape != (channels,):
+        raise NPUValueError(f"{name} must have shape ({channels},), one value per {what}, "
+                            f"not {vector.shape}")
+
+
+def check_requantization(multiplier, shift, out_zero_point, act_min, act_max, channels,
+                         what):
+    """Check the per-channel multipliers and shifts and the output zero point and clamp;
+    return ``(out_zero_point, act_min, act_max)`` as ints."""
+    check_channel_vector("multiplier", multiplier, channels, what)
+    check_channel_vector("shift", shift, channels, what)
+    bad = np.flatnonzero((shift < -31) | (shift > 31))
+    if bad.size:
+        raise NPUValueError(f"shift must be within -31 .. 31, but shift[{bad[0]}] = "
+                            f"{shift[bad[0]]}")
+    out_zero_point = check_int("out_zero_point", out_zero_point, -128, 127)
+    act_min = check_int("act_min", act_min, -128, 127)
+    act_max = check_int("act_max", act_max, -128, 127)
+    if act_min > act_max:
+        raise NPUValueError(f"act_min must not exceed act_max, but act_min = {act_min} and "
+                            f"act_max = {act_max}")
+    return out_zero_point, act_min, act_max
+
+
+def fold_zero_point(bias, weight_sums, zero_point, name):
+    """``bias - zero_point * weight_sums`` as int32, refusing a value that does not fit.
+
+    With ``x - zero_point`` in place of ``x``, every output gains
+    ``-zero_point * (sum of its weights)``: a constant per channel, so it joins the bias and
+    the NPU multiplies the raw INT8 inputs.
+    """
+    folded = bias.astype(np.int64) - zero_point * weight_sums.astype(np.int64)
+    bad = np.flatnonzero((folded < INT32_MIN) | (folded > INT32_MAX))
+    if bad.size:
+        channel = bad[0]
+        raise NPUValueError(f"the bias with the input zero point folded in ({name}) does not "
+                            f"fit INT32: channel {channel} gives {bias[channel]} - "
+                            f"{zero_point} * {weight_sums[channel]} = {folded[channel]}")
+    return folded.astype(np.int32)
+
+
+def wrap_int32(values):
+    """INT64 values reduced to INT32 with two's complement wrap-around, as the accumulator."""
+    return ((np.asarray(values, dtype=np.int64) - INT32_MIN) % (1 << 32) + INT32_MIN).astype(
+        np.int32)
+
+
+def _check_qgemm(A, B, bias, multiplier, shift, out_zero_point, act_min, act_max,
+                 a_zero_point):
+    _check_operands(A, B)
+    n = B.shape[1]
+    check_channel_vector("bias", bias, n, "column of B")
+    out_zero_point, act_min, act_max = check_requantization(
+        multiplier, shift, out_zero_point, act_min, act_max, n, "column of B")
+    a_zero_point = check_int("a_zero_point", a_zero_point, -128, 127)
+    return out_zero_point, act_min, act_max, a_zero_point
+
+
+def reference_qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max,
+                    a_zero_point=0):
+    """The exact result :func:`qgemm` must return.
+
+    ``requantize((A - a_zero_point) @ B + bias)``, with the sum taken in INT64 and then
+    wrapped to INT32 as the accumulator wraps (a sum that does not fit INT32 is an overflow
+    in the hardware and in TFLite alike; the NPU wraps around, and so does this reference).
+    It equals ``requantize(A @ B + (bias - a_zero_point * B.sum(axis=0)))``, the folded form
+    the NPU computes, because the two sums are the same integers.
+    """
+    from .quant import requantize
+    out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
+        A, B, bias, multiplier, shift, out_zero_point, act_min, act_max, a_zero_point)
+    acc = (A.astype(np.int64) - a_zero_point) @ B.astype(np.int64) + bias.astype(np.int64)
+    return requantize(wrap_int32(acc), multiplier, shift, out_zero_point, act_min, act_max)
+
+
+def quant_region(multiplier, shift):
+    """The ``LOAD_QUANT`` region: multipliers then shifts, INT32 little-endian."""
+    return np.concatenate([multiplier.astype("<i4"), shift.astype("<i4")]).view(np.uint8)
+
+
+def place_region(dram, layout, name, array):
+    """Copy ``array``'s bytes (C order) into region ``name`` of ``dram``; sizes must match."""
+    dram[layout.span(name)] = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+
+
+def prepare_qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max,
+                  a_zero_point=0, config=None, schedule="auto"):
+    """Check the operands, compile the quantized GEMM and build its DRAM image (see
+    :func:`run_jobs`); the arguments are those of :func:`qgemm`."""
+    from .compiler import compile_qgemm, plan_qgemm
+    config = check_config(config)
+    out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
+        A, B, bias, multiplier, shift, out_zero_point, act_min, act_max, a_zero_point)
+    m, k = A.shape
+    n = B.shape[1]
+    folded_bias = fold_zero_point(bias, B.astype(np.int64).sum(axis=0), a_zero_point,
+                                  "bias - a_zero_point * B.sum(axis=0)")
+    plan = plan_qgemm(config, m, k, n, schedule=schedule)
+    layout = layout_regions(plan.instructions, [
+        ("a", m * k), ("b", k * n), ("bias", 4 * n), ("quant", 8 * n), ("y", m * n)],
+        what=f"a {m}x{k} @ {k}x{n} quantized GEMM")
+    program = compile_qgemm(
+        config, m, k, n, a_addr=layout.addr("a"), b_addr=layout.addr("b"),
+        bias_addr=layout.addr("bias"), quant_addr=layout.addr("quant"),
+        y_addr=layout.addr("y"), out_zero_point=out_zero_point, act_min=act_min,
+        act_max=act_max, schedule=schedule)
+
+    dram = np.zeros(layout.size, dtype=np.uint8)
+    dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \
+        np.frombuffer(program.bytes, dtype=np.uint8)
+    place_region(dram, layout, "a", A)
+    place_region(dram, layout, "b", B)
+    place_region(dram, layout, "bias", folded_bias.astype("<i4"))
+    place_region(dram, layout, "quant", quant_region(multiplier, shift))
+    dram[layout.span("y")] = POISON
+
+    def finish(result, config, sim):
+        y = result.dram[layout.span("y")].view(np.int8).reshape(m, n).copy()
+        return QuantResult(y=y, config=config, sim=sim, plan=program.plan, layout=layout,
+                           cycles=result.cycles, instructions=result.instructions)
+    return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
+
+
+def qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max, a_zero_point=0,
+          config=None, sim="model", schedule="auto"):
+    """Compute ``Y = requantize((A - a_zero_point) @ B + bias)`` on the NPU, in INT8.
+
+    The input zero point is folded into the bias on the host
+    (``bias - a_zero_point * B.sum(axis=0)``), so the array multiplies the raw INT8 values;
+    the bias is loaded into the accumulator, every k-tile accumulates onto it, and ``STORE_Q``
+    requantizes per output column (:func:`sw.quant.requantize`).
+
+    Parameters
+    ----------
+    A : numpy.ndarray
+        ``int8``, ``M x K``.
+    B : numpy.ndarray
+        ``int8``, ``K x N``, ``K <= hw.config.MAX_K``.
+    bias, multiplier, shift : numpy.ndarray
+        ``int32`` of shape ``(N,)``; shifts within -31 .. 31 (positive: right shift).
+    out_zero_point, act_min, act_max : int
+        Output zero point and clamp, within -128 .. 127, ``act_min <= act_max``.
+    a_zero_point : int
+        Zero point of A, within -128 .. 127.
+    config : hw.config.NPUConfig, optional
+        Default ``NPUConfig()`` (8x8).
+    sim : str
+        ``"model"`` (default), ``"verilator"`` or ``"icarus"``.
+    schedule : str
+        See :func:`sw.compiler.plan_quantized`.
+
+    Returns
+    -------
+    QuantResult
+        ``y`` is ``int8``, ``M x N``.
+
+    Raises
+    ------
+    NPUTypeError, NPUValueError
+        On a bad operand (the message names it), or a folded bias that does not fit INT32.
+    sw.errors.PlanError, NPURunError, sw.errors.BackendUnavailable
+        As for :func:`gemm`.
+    """
+    return qgemm_batch([dict(A=A, B=B, bias=bias, multiplier=multiplier, shift=shift,
+                             out_zero_point=out_zero_point, act_min=act_min, act_max=act_max,
+                             a_zero_point=a_zero_point)],
+                       config=config, sim=sim, schedule=schedule)[0]
+
+
+def qgemm_batch(problems, config=None, sim="model", *, schedule="auto"):
+    """Run several quantized GEMMs in one run of the backend (one simulation on the RTL).
+
+    Parameters
+    ----------
+    problems : iterable of dict
+        Each holds the arguments of :func:`qgemm` by name: ``A, B, bias, multiplier, shift,
+        out_zero_point, act_min, act_max`` and optionally ``a_zero_point``.
+
+    Every problem is checked and compiled before anything runs. Returns a list of
+    :class:`QuantResult`.
+    """
+    config = check_config_and_sim(config, sim)
+    jobs = [prepare_qgemm(**problem, config=config, schedule=schedule)
+            for problem in problems]
+    return run_jobs(jobs, config, sim)

@@ -21,6 +21,18 @@ Semantics, in the order the checks are made (the RTL makes the same checks in th
 * ``STORE``: ``BAD_LENGTH``, ``ACC_RANGE``, ``DRAM_RANGE``, ``BUS_WRITE``. The first
   ``row_bytes`` bytes of accumulator row ``acc_addr + r`` go to ``dram_addr + r * dram_stride``;
   rows are written in order, so where rows overlap the later one wins.
+* ``LOAD_QUANT``: ``BAD_LENGTH`` (``row_bytes`` zero, not a multiple of 4, or above ``4 C``),
+  ``DRAM_RANGE`` and ``BUS_READ`` for its two rows (at ``dram_addr`` and
+  ``dram_addr + dram_stride``), then ``QUANT`` (a ``zero_point`` outside -128 .. 127,
+  ``act_min > act_max``, or a loaded shift outside -31 .. 31). Row 0 holds INT32 multipliers,
+  row 1 INT32 shifts (positive: right shift), lane ``j`` at byte ``4 j``, little-endian; lanes
+  past ``row_bytes / 4`` get multiplier 0 and shift 0. A failing ``LOAD_QUANT`` leaves the
+  requantization state as it was. The reset state is multipliers 0, shifts 0, zero point 0,
+  clamp -128 .. 127.
+* ``STORE_Q``: ``BAD_LENGTH`` (zero rows or bytes, ``row_bytes > C``), ``ACC_RANGE``,
+  ``DRAM_RANGE``, ``BUS_WRITE``. Accumulator row ``acc_addr + r`` is requantized with
+  :func:`sw.quant.requantize` and the state of the last ``LOAD_QUANT``; its first
+  ``row_bytes`` INT8 lanes go to ``dram_addr + r * dram_stride`` (later rows win on overlap).
 
 A DMA instruction that would touch any byte outside the DRAM fails before it moves anything:
 the model leaves the DRAM untouched by a failing ``STORE``. (The RTL may already have written
@@ -34,6 +46,7 @@ from hw.isa import ErrorCode, INSTR_BYTES, Opcode
 from . import codec
 from .backend import RunResult
 from .errors import NPUTypeError, NPUValueError
+from .quant import requantize
 
 
 __all__ = ["ModelNPU"]
@@ -87,6 +100,10 @@ class ModelNPU:
         Accumulator, little-endian ``int32`` of shape ``(acc_depth, cols)``.
     weights : numpy.ndarray
         The weights the array holds, ``int8`` of shape ``(rows, cols)``.
+    multipliers, shifts : numpy.ndarray
+        The requantization state of ``STORE_Q``: ``int32`` of shape ``(cols,)``.
+    zero_point, act_min, act_max : int
+        The output zero point and clamp of ``STORE_Q``.
     """
 
     def __init__(self, config):
@@ -100,17 +117,25 @@ class ModelNPU:
             Opcode.PRELOAD:   self._preload,
             Opcode.MATMUL:    self._matmul,
             Opcode.STORE:     self._store,
+            Opcode.LOAD_QUANT: self._load_quant,
+            Opcode.STORE_Q:   self._store_q,
         }
         self.reset()
 
     def reset(self):
-        """Return to the reset state: every memory and the weights zero."""
+        """Return to the reset state: every memory and the weights zero, the requantization
+        state multipliers 0, shifts 0, zero point 0 and clamp -128 .. 127."""
         config = self.config
         self.spad = np.zeros((config.spad_depth, config.spad_row_bytes), dtype=np.uint8)
         self.acc = np.zeros((config.acc_depth, config.cols), dtype="<i4")
         self.weights = np.zeros((config.rows, config.cols), dtype=np.int8)
+        self.multipliers = np.zeros(config.cols, dtype=np.int32)
+        self.shifts = np.zeros(config.cols, dtype=np.int32)
+        self.zero_point = 0
+        self.act_min = -128
+        self.act_max = 127
 
-    def run(self, dram, prog_addr, prog_len):
+    def run(self, dram, prog_addr, prog_len, *, reset=True):
         """Reset, then run the program at ``prog_addr`` until ``END`` or an error.
 
         Parameters
@@ -122,6 +147,10 @@ class ModelNPU:
             Byte address of instruction 0.
         prog_len : int
             Maximum number of instructions.
+        reset : bool
+            ``False`` keeps the scratchpad, accumulator, weights and requantization state
+            that the previous run left, as the RTL does for programs run one after another
+            without a reset in between.
 
         Returns
         -------
@@ -139,7 +168,8 @@ class ModelNPU:
                 raise NPUValueError(f"{name} must be an integer in 0..2**32-1, not {value!r}")
         prog_addr, prog_len = int(prog_addr), int(prog_len)
 
-        self.reset()
+        if reset:
+            self.reset()
         dram = dram.copy()
 
         def stopped(error_code, error_pc):
@@ -224,6 +254,42 @@ class ModelNPU:
             raise _Fault(ErrorCode.ACC_RANGE)
         _check_block(dram.size, dram_addr, rows, row_bytes, dram_stride, ErrorCode.BUS_WRITE)
         source = self.acc[acc_addr:acc_addr + rows].view(np.uint8)[:, :row_bytes]
+        self._write_rows(dram, source, dram_addr, dram_stride)
+
+    def _load_quant(self, dram, dram_addr, dram_stride, row_bytes, zero_point, act_min,
+                    act_max):
+        config = self.config
+        if row_bytes == 0 or row_bytes % 4 or row_bytes > config.acc_row_bytes:
+            raise _Fault(ErrorCode.BAD_LENGTH)
+        _check_block(dram.size, dram_addr, 2, row_bytes, dram_stride, ErrorCode.BUS_READ)
+        lanes = row_bytes // 4
+        rows = _block_view(dram, dram_addr, 2, row_bytes, dram_stride, writeable=False)
+        multipliers = np.zeros(config.cols, dtype=np.int32)
+        shifts = np.zeros(config.cols, dtype=np.int32)
+        multipliers[:lanes] = np.ascontiguousarray(rows[0]).view("<i4")
+        shifts[:lanes] = np.ascontiguousarray(rows[1]).view("<i4")
+        if (not -128 <= zero_point <= 127 or act_min > act_max
+                or np.any((shifts < -31) | (shifts > 31))):
+            raise _Fault(ErrorCode.QUANT)
+        self.multipliers, self.shifts = multipliers, shifts
+        self.zero_point, self.act_min, self.act_max = zero_point, act_min, act_max
+
+    def _store_q(self, dram, acc_addr, rows, row_bytes, dram_addr, dram_stride):
+        config = self.config
+        if rows == 0 or row_bytes == 0 or row_bytes > config.cols:
+            raise _Fault(ErrorCode.BAD_LENGTH)
+        if acc_addr + rows > config.acc_depth:
+            raise _Fault(ErrorCode.ACC_RANGE)
+        _check_block(dram.size, dram_addr, rows, row_bytes, dram_stride, ErrorCode.BUS_WRITE)
+        quantized = requantize(self.acc[acc_addr:acc_addr + rows], self.multipliers,
+                               self.shifts, self.zero_point, self.act_min, self.act_max)
+        self._write_rows(dram, quantized.view(np.uint8)[:, :row_bytes], dram_addr,
+                         dram_stride)
+
+    @staticmethod
+    def _write_rows(dram, source, dram_addr, dram_stride):
+        """Write ``source`` (rows x row_bytes) to a strided block known to lie in ``dram``."""
+        rows, row_bytes = source.shape
         if dram_stride >= row_bytes or rows == 1:
             _block_view(dram, dram_addr, rows, row_bytes, dram_stride, writeable=True)[...] = \
                 source

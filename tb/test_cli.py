@@ -280,3 +280,163 @@ def test_trace_without_sim_trace(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "sim.trace", None)
     status, out, err = run_cli(capsys, "trace")
     assert_one_line_error(status, out, err, 1, "sim.trace")
+
+
+# qgemm ----------------------------------------------------------------------------------------
+
+QGEMM_JSON_KEYS = JSON_KEYS | {"mismatches", "a_zero_point", "out_zero_point", "act_min",
+                               "act_max", "config", "out"}
+
+
+def save_qgemm_operands(tmp_path, seed=88, m=11, k=19, n=23):
+    from quant_cases import random_qgemm_problem
+    rng = np.random.default_rng(seed)
+    problem = random_qgemm_problem(rng, m, k, n)
+    paths = {}
+    for option, key in (("a", "A"), ("b", "B"), ("bias", "bias"),
+                        ("multiplier", "multiplier"), ("shift", "shift")):
+        paths[option] = save(tmp_path, f"{option}.npy", problem[key])
+    return problem, paths
+
+
+def qgemm_file_argv(paths, problem, *extra):
+    argv = ["qgemm"]
+    for option, path in paths.items():
+        argv += [f"--{option}", path]
+    argv += ["--out-zero-point", str(problem["out_zero_point"]),
+             "--act-min", str(problem["act_min"]), "--act-max", str(problem["act_max"]),
+             "--a-zero-point", str(problem["a_zero_point"])]
+    return argv + list(extra)
+
+
+def test_qgemm_files_json_and_out(tmp_path, capsys):
+    from sw.driver import reference_qgemm
+    problem, paths = save_qgemm_operands(tmp_path)
+    out_path = tmp_path / "y.npy"
+    status, out, err = run_cli(capsys, *qgemm_file_argv(
+        paths, problem, "--config", "3x5", "--sim", "model", "--out", str(out_path), "--json"))
+    print("seed 88")
+    assert status == 0, err
+    report = json.loads(out)
+    assert QGEMM_JSON_KEYS <= set(report)
+    assert (report["m"], report["k"], report["n"]) == (11, 19, 23)
+    assert (report["rows"], report["cols"], report["sim"]) == (3, 5, "model")
+    assert report["bit_exact"] is True and report["mismatches"] == 0
+    assert report["seed"] is None and report["cycles"] is None
+    assert report["a_zero_point"] == problem["a_zero_point"]
+    assert (report["out_zero_point"], report["act_min"], report["act_max"]) == (
+        problem["out_zero_point"], problem["act_min"], problem["act_max"])
+    assert report["macs"] == 11 * 19 * 23
+    y = np.load(out_path)
+    assert y.dtype == np.int8 and y.shape == (11, 23)
+    assert np.array_equal(y, reference_qgemm(**problem))
+    assert out.count("\n") == 1
+
+
+def test_qgemm_random_mode_readable(capsys):
+    status, out, err = run_cli(capsys, "qgemm", "--m", "20", "--k", "30", "--n", "10",
+                               "--config", "4x4", "--sim", "model", "--seed", "3")
+    assert status == 0, err
+    assert err == ""
+    for text in ("qgemm 20x30 @ 30x10 -> 20x10 int8 (seed 3)", "config 4x4", "sim model",
+                 "bit-exact: yes", "clamp -128 .. 127", "24 weight tiles"):
+        assert text in out, out
+
+
+def test_qgemm_random_mode_is_reproducible(tmp_path, capsys):
+    results = []
+    for index, seed in enumerate(("5", "5", "6")):
+        out_path = tmp_path / f"y{index}.npy"
+        status, _, err = run_cli(capsys, "qgemm", "--m", "9", "--k", "40", "--n", "9",
+                                 "--sim", "model", "--seed", seed, "--a-zero-point", "-3",
+                                 "--out", str(out_path))
+        assert status == 0, err
+        results.append(np.load(out_path))
+    assert np.array_equal(results[0], results[1])
+    assert not np.array_equal(results[0], results[2])
+    assert len(np.unique(results[0])) > 20           # the outputs use the INT8 range
+
+
+def test_qgemm_not_bit_exact_exits_1(monkeypatch, tmp_path, capsys):
+    run_on_model = backend.run_program
+
+    def corrupting_run_program(config, sim, dram, prog_addr, prog_len):
+        result = run_on_model(config, "model", dram, prog_addr, prog_len)
+        result.dram ^= 1
+        result.cycles = 700
+        return result
+
+    monkeypatch.setattr(backend, "run_programs", one_at_a_time(corrupting_run_program))
+    problem, paths = save_qgemm_operands(tmp_path)
+    status, out, err = run_cli(capsys, *qgemm_file_argv(paths, problem, "--sim", "verilator",
+                                                        "--json"))
+    assert status == 1
+    report = json.loads(out)
+    assert report["bit_exact"] is False and report["mismatches"] == 11 * 23
+    assert report["cycles"] == 700 and report["sim"] == "verilator"
+    assert err.startswith("npu: error: the result differs") and err.count("\n") == 1
+
+
+def test_qgemm_program_error_exits_1(monkeypatch, capsys):
+    from hw.isa import ErrorCode
+
+    def failing_run_program(config, sim, dram, prog_addr, prog_len):
+        return backend.RunResult(done=False, error_code=ErrorCode.QUANT, error_pc=2,
+                                 cycles=10, instructions=2, dram=dram)
+
+    monkeypatch.setattr(backend, "run_programs", one_at_a_time(failing_run_program))
+    status, out, err = run_cli(capsys, "qgemm", "--m", "2", "--k", "2", "--n", "2")
+    assert_one_line_error(status, out, err, 1, "QUANT at instruction 2")
+
+
+@pytest.mark.parametrize("replace, match", [
+    (dict(a=np.ones((11, 19), np.float64)), "A must have dtype int8"),
+    (dict(b=np.ones((18, 23), np.int8)), "A is 11x19 and B is 18x23"),
+    (dict(bias=np.zeros(23, np.int64)), "bias must have dtype int32"),
+    (dict(bias=np.zeros(22, np.int32)), r"bias must have shape (23,)"),
+    (dict(multiplier=np.zeros((23, 1), np.int32)), "multiplier must have shape"),
+    (dict(shift=np.full(23, 40, np.int32)), "shift must be within -31 .. 31"),
+])
+def test_qgemm_bad_operand_files(tmp_path, capsys, replace, match):
+    problem, paths = save_qgemm_operands(tmp_path)
+    for option, value in replace.items():
+        paths[option] = save(tmp_path, f"bad_{option}.npy", value)
+    status, out, err = run_cli(capsys, *qgemm_file_argv(paths, problem, "--sim", "model"))
+    assert_one_line_error(status, out, err, 2, match)
+
+
+def test_qgemm_bad_files(tmp_path, capsys):
+    problem, paths = save_qgemm_operands(tmp_path)
+    text = tmp_path / "text.npy"
+    text.write_text("not numpy\n")
+    for path, match in [(tmp_path / "missing.npy", "no such file"),
+                        (text, "does not start with the NumPy magic string")]:
+        status, out, err = run_cli(capsys, *qgemm_file_argv(
+            dict(paths, shift=str(path)), problem, "--sim", "model"))
+        assert_one_line_error(status, out, err, 2, match)
+        assert f"--shift {path}" in err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--out-zero-point", "128"],
+     "--out-zero-point: must be within -128 .. 127, not 128"),
+    (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--act-min", "-129"], "--act-min"),
+    (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--act-max", "x"],
+     "--act-max: 'x' is not an integer"),
+    (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--a-zero-point", "1000"],
+     "--a-zero-point"),
+    (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--act-min", "5", "--act-max", "4",
+      "--sim", "model"], "act_min must not exceed act_max"),
+    (["qgemm", "--m", "2", "--k", "2"], "--m, --k and --n are required"),
+    (["qgemm", "--a", "a.npy", "--b", "b.npy"],
+     "--bias, --multiplier, --shift must be given too"),
+    (["qgemm", "--a", "a.npy", "--b", "b.npy", "--bias", "c.npy", "--multiplier", "d.npy",
+      "--shift", "e.npy", "--m", "3"], "cannot be combined"),
+    (["qgemm", "--a", "a.npy", "--b", "b.npy", "--bias", "c.npy", "--multiplier", "d.npy",
+      "--shift", "e.npy", "--act-min", "0"], "--out-zero-point, --act-max required"),
+    (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--sim", "spice"], "invalid choice"),
+    (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--config", "2"], "RxC"),
+])
+def test_qgemm_bad_arguments(capsys, argv, match):
+    status, out, err = run_cli(capsys, *argv)
+    assert_one_line_error(status, out, err, 2, match)

@@ -257,3 +257,34 @@ def test_rejects_addresses_outside_32_bits():
         compile_gemm(config, 4, 4, 4, a_addr=0, b_addr=None, c_addr=0x200)
     # Exactly at the top of the address space is fine.
     compile_gemm(config, 4, 4, 4, a_addr=0, b_addr=0x100, c_addr=(1 << 32) - 64)
+
+
+# Strided runs (the quantized layers' DMA instructions) ----------------------------------------
+
+@pytest.mark.parametrize("runs, merged", [
+    ([], []),
+    ([(0, 3, 100, 10)], [(0, 3, 100, 10)]),
+    ([(0, 1, 100, 7)], [(0, 1, 100, 0)]),                        # one row: stride 0
+    # Runs that continue one another become one.
+    ([(0, 3, 100, 10), (3, 2, 130, 10)], [(0, 5, 100, 10)]),
+    ([(0, 3, 100, 10), (3, 1, 130, 99)], [(0, 4, 100, 10)]),
+    ([(0, 1, 100, 0), (1, 1, 105, 0), (2, 1, 110, 0)], [(0, 3, 100, 5)]),
+    ([(0, 1, 100, 0), (1, 4, 103, 3)], [(0, 5, 100, 3)]),
+    # Runs that do not: a gap in the addresses, another stride, or a gap in the rows.
+    ([(0, 3, 100, 10), (3, 2, 131, 10)], [(0, 3, 100, 10), (3, 2, 131, 10)]),
+    ([(0, 3, 100, 10), (3, 2, 130, 5)], [(0, 3, 100, 10), (3, 2, 130, 5)]),
+    ([(0, 3, 100, 10), (4, 2, 130, 10)], [(0, 3, 100, 10), (4, 2, 130, 10)]),
+    ([(0, 1, 100, 0), (1, 4, 103, 4)], [(0, 1, 100, 0), (1, 4, 103, 4)]),
+    # Never a zero or negative stride between distinct rows.
+    ([(0, 1, 100, 0), (1, 1, 100, 0)], [(0, 1, 100, 0), (1, 1, 100, 0)]),
+    ([(0, 1, 100, 0), (1, 1, 90, 0)], [(0, 1, 100, 0), (1, 1, 90, 0)]),
+])
+def test_merge_runs(runs, merged):
+    from sw.compiler import merge_runs
+    assert merge_runs(runs) == merged
+
+
+def test_program_body_drops_end():
+    program = compile_at(NPUConfig.from_name("4x4"), 3, 3, 3)
+    assert program.body == program.words[:-1]
+    assert codec.decode(program.words[-1]) == (Opcode.END, {})

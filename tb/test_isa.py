@@ -18,13 +18,19 @@ EXPECTED_FIELDS = {
     Opcode.PRELOAD:   ["spad_addr"],
     Opcode.MATMUL:    ["spad_addr", "acc_addr", "rows", "accumulate"],
     Opcode.STORE:     ["acc_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
+    Opcode.LOAD_QUANT: ["dram_addr", "dram_stride", "row_bytes", "zero_point", "act_min",
+                        "act_max"],
+    Opcode.STORE_Q:   ["acc_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
 }
 EXPECTED_WIDTHS = {"local_addr": 16, "rows": 16, "row_bytes": 16, "dram_addr": 32,
-                   "dram_stride": 32, "spad_addr": 16, "acc_addr": 16, "accumulate": 1}
+                   "dram_stride": 32, "spad_addr": 16, "acc_addr": 16, "accumulate": 1,
+                   "zero_point": 16, "act_min": 8, "act_max": 8}
+#: The two's complement fields; every other field is unsigned.
+SIGNED_FIELDS = {"zero_point", "act_min", "act_max"}
 
 
 def random_fields(opcode, rng):
-    return {spec.name: rng.randrange(1 << spec.width) for spec in codec.FIELDS[opcode]}
+    return {spec.name: rng.randint(spec.minimum, spec.maximum) for spec in codec.FIELDS[opcode]}
 
 
 def test_instruction_size():
@@ -37,6 +43,12 @@ def test_fields_match_isa(opcode):
     assert [spec.name for spec in codec.FIELDS[opcode]] == EXPECTED_FIELDS[opcode]
     for spec in codec.FIELDS[opcode]:
         assert spec.width == EXPECTED_WIDTHS[spec.name]
+        assert spec.signed == (spec.name in SIGNED_FIELDS)
+        if spec.signed:
+            assert (spec.minimum, spec.maximum) == (-(1 << (spec.width - 1)),
+                                                    (1 << (spec.width - 1)) - 1)
+        else:
+            assert (spec.minimum, spec.maximum) == (0, spec.mask)
 
 
 @pytest.mark.parametrize("opcode", list(Opcode), ids=lambda opcode: opcode.name)
@@ -55,17 +67,32 @@ def test_round_trip_against_hw_isa(opcode):
 @pytest.mark.parametrize("opcode", list(Opcode), ids=lambda opcode: opcode.name)
 def test_field_extremes(opcode):
     specs = codec.FIELDS[opcode]
-    for value_of in (lambda spec: 0, lambda spec: spec.mask):
+    for value_of in (lambda spec: 0, lambda spec: spec.minimum, lambda spec: spec.maximum,
+                     lambda spec: -1 if spec.signed else 1):
         fields = {spec.name: value_of(spec) for spec in specs}
         word = codec.encode(opcode, **fields)
         assert word == isa.encode(opcode, **fields)
         assert codec.decode(word) == (opcode, fields)
-    # Each field alone at its maximum sets exactly its own bits.
+        assert isa.decode(word) == (opcode, fields)
+    # Each field alone with all its bits set (-1 when signed) sets exactly its own bits.
     for spec in specs:
         fields = {other.name: 0 for other in specs}
-        fields[spec.name] = spec.mask
+        fields[spec.name] = -1 if spec.signed else spec.mask
         word = codec.encode(opcode, **fields)
         assert word == opcode.value | (spec.mask << spec.offset)
+        assert codec.decode(word) == (opcode, fields)
+
+
+def test_signed_fields_two_complement():
+    fields = dict(dram_addr=0x1000, dram_stride=64, row_bytes=32, zero_point=-128,
+                  act_min=-128, act_max=-1)
+    word = codec.encode(Opcode.LOAD_QUANT, **fields)
+    assert word == isa.encode(Opcode.LOAD_QUANT, **fields)
+    specs = {spec.name: spec for spec in codec.FIELDS[Opcode.LOAD_QUANT]}
+    for name, raw in (("zero_point", 0xFF80), ("act_min", 0x80), ("act_max", 0xFF)):
+        spec = specs[name]
+        assert (word >> spec.offset) & spec.mask == raw
+    assert codec.decode(word) == (Opcode.LOAD_QUANT, fields)
 
 
 def test_fields_do_not_overlap():
@@ -83,7 +110,7 @@ def test_fields_do_not_overlap():
 def test_field_limits_rejected(opcode):
     for spec in codec.FIELDS[opcode]:
         fields = {other.name: 0 for other in codec.FIELDS[opcode]}
-        for bad in (spec.mask + 1, -1):
+        for bad in (spec.maximum + 1, spec.minimum - 1):
             fields[spec.name] = bad
             with pytest.raises(NPUValueError, match=spec.name):
                 codec.encode(opcode, **fields)

@@ -129,7 +129,7 @@ def test_fetch_outside_dram():
     assert_error(result, ErrorCode.BUS_READ, 1)
 
 
-@pytest.mark.parametrize("raw_opcode", [0x00, 0x07, 0x80, 0xFF])
+@pytest.mark.parametrize("raw_opcode", [0x00, 0x09, 0x80, 0xFF])
 def test_illegal_opcode(raw_opcode):
     dram = make_dram([preload(0), preload(0)])
     dram[PROG_ADDR + 16] = raw_opcode
@@ -476,3 +476,258 @@ def test_store_errors(fields, error):
         assert_error(result, error, 1)
         # The model moves nothing in a failing STORE.
         assert np.array_equal(result.dram, dram)
+
+
+# LOAD_QUANT / STORE_Q -------------------------------------------------------------------------
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def load_quant(dram_addr, row_bytes, zero_point=0, act_min=-128, act_max=127,
+               dram_stride=None):
+    return (Opcode.LOAD_QUANT, dict(dram_addr=dram_addr,
+                                    dram_stride=0x40 if dram_stride is None else dram_stride,
+                                    row_bytes=row_bytes, zero_point=zero_point,
+                                    act_min=act_min, act_max=act_max))
+
+
+def store_q(acc_addr, rows, row_bytes, dram_addr, dram_stride=None):
+    return (Opcode.STORE_Q, dict(acc_addr=acc_addr, rows=rows, row_bytes=row_bytes,
+                                 dram_addr=dram_addr,
+                                 dram_stride=row_bytes if dram_stride is None
+                                 else dram_stride))
+
+
+def quant_rows(multipliers, shifts):
+    """The two LOAD_QUANT rows at 0x300 (multipliers) and 0x340 (shifts)."""
+    return [(0x300, np.array(multipliers, dtype="<i4")), (0x340, np.array(shifts, dtype="<i4"))]
+
+
+def test_quant_reset_state():
+    model = ModelNPU(WIDE)
+    assert model.multipliers.tolist() == [0, 0, 0] and model.shifts.tolist() == [0, 0, 0]
+    assert (model.zero_point, model.act_min, model.act_max) == (0, -128, 127)
+    # With multipliers 0 every output is the zero point, 0.
+    values = np.array([[INT32_MAX, INT32_MIN, 12345]] * 2, dtype="<i4")
+    dram = make_dram([load_acc(0, 2, 12, 0x100), store_q(0, 2, 3, 0x200), end()],
+                     data=[(0x100, values), (0x200, np.full(6, 0xEE, np.uint8))])
+    result = model.run(dram, PROG_ADDR, 3)
+    assert_done(result, 3)
+    assert not result.dram[0x200:0x206].any()
+
+
+@pytest.mark.parametrize("config", [WIDE, TALL], ids=["2x3", "3x2"])
+def test_store_q_against_requantize(config):
+    from sw.quant import requantize
+    seed = 31
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    cols = config.cols
+    for trial in range(20):
+        acc = rng.integers(INT32_MIN, INT32_MAX, (4, cols), dtype=np.int64, endpoint=True)
+        acc[0, 0], acc[1, 0] = INT32_MIN, INT32_MAX
+        acc = acc.astype("<i4")
+        multipliers = rng.integers(INT32_MIN, INT32_MAX, cols, dtype=np.int64, endpoint=True)
+        multipliers[0] = INT32_MIN if trial % 2 else INT32_MAX
+        shifts = rng.integers(-31, 31, cols, endpoint=True)
+        zero_point = int(rng.integers(-128, 128))
+        act_min, act_max = sorted(int(value) for value in rng.integers(-128, 128, 2))
+        model, result = run(config, [
+            load_acc(0, 4, 4 * cols, 0x100),
+            load_quant(0x300, 4 * cols, zero_point, act_min, act_max),
+            store_q(0, 4, cols, 0x200),
+            end(),
+        ], data=[(0x100, acc)] + quant_rows(multipliers, shifts))
+        assert_done(result, 4)
+        assert model.multipliers.tolist() == multipliers.tolist()
+        assert model.shifts.tolist() == shifts.tolist()
+        assert (model.zero_point, model.act_min, model.act_max) == (zero_point, act_min,
+                                                                     act_max)
+        expected = requantize(acc, multipliers, shifts, zero_point, act_min, act_max)
+        stored = result.dram[0x200:0x200 + 4 * cols].view(np.int8).reshape(4, cols)
+        assert np.array_equal(stored, expected)
+
+
+def test_load_quant_partial_row_zeroes_the_other_lanes():
+    # Lane 2's multiplier and shift lie past row_bytes (8): they read as 0, whatever the DRAM
+    # holds (here a shift of 99 that would otherwise be a QUANT error).
+    acc = np.array([[1000, -1000, 1000]], dtype="<i4")
+    model, result = run(WIDE, [
+        load_acc(0, 1, 12, 0x100),
+        load_quant(0x300, 8, zero_point=5),
+        store_q(0, 1, 3, 0x200),
+        end(),
+    ], data=[(0x100, acc)] + quant_rows([1 << 30, 1 << 30, 1 << 30], [1, 0, 99]))
+    assert_done(result, 4)
+    assert model.multipliers.tolist() == [1 << 30, 1 << 30, 0]
+    assert model.shifts.tolist() == [1, 0, 0]
+    # 1000 * 0.5 / 2 = 250 -> clamp(255) = 127; -1000 * 0.5 = -500 -> -495 -> -128; lane 2: 5.
+    assert result.dram[0x200:0x203].view(np.int8).tolist() == [127, -128, 5]
+
+
+def test_load_quant_stride_zero_and_overlap():
+    # Stride 0: multipliers and shifts come from the same bytes.
+    model, result = run(WIDE, [load_quant(0x300, 12, dram_stride=0), end()],
+                        data=quant_rows([3, -7, 31], [0, 0, 0]))
+    assert_done(result, 2)
+    assert model.multipliers.tolist() == [3, -7, 31] == model.shifts.tolist()
+    # Stride 4: the shift row starts at the second multiplier.
+    model, result = run(WIDE, [load_quant(0x300, 12, dram_stride=4), end()],
+                        data=[(0x300, np.array([5, 6, 7, -8], dtype="<i4"))])
+    assert_done(result, 2)
+    assert model.multipliers.tolist() == [5, 6, 7] and model.shifts.tolist() == [6, 7, -8]
+
+
+def test_store_q_prefix_stride_and_overlap():
+    # Multiplier 2**30 with shift -1 is the identity on small values.
+    acc = np.array([[1, 2, 3], [4, 5, 6], [-7, -8, -9]], dtype="<i4")
+    data = [(0x100, acc), (0x200, np.full(32, 0xEE, np.uint8))] + \
+        quant_rows([1 << 30] * 3, [-1] * 3)
+    dram_before = make_dram([load_acc(0, 3, 12, 0x100), load_quant(0x300, 12),
+                             store_q(0, 3, 2, 0x200, 5), end()], data=data)
+    result = ModelNPU(WIDE).run(dram_before, PROG_ADDR, 4)
+    assert_done(result, 4)
+    expected = np.full(32, 0xEE, dtype=np.uint8)
+    expected[[0, 1, 5, 6, 10, 11]] = np.array([1, 2, 4, 5, -7, -8], dtype=np.int8).view(
+        np.uint8)
+    assert np.array_equal(result.dram[0x200:0x220], expected)
+    changed = np.flatnonzero(result.dram != dram_before)
+    assert changed.min() >= 0x200 and changed.max() < 0x220
+    # Overlapping rows (stride 1 < row_bytes 3): the later row wins.
+    _, result = run(WIDE, [load_acc(0, 3, 12, 0x100), load_quant(0x300, 12),
+                           store_q(0, 3, 3, 0x200, 1), end()], data=data)
+    assert result.dram[0x200:0x205].view(np.int8).tolist() == [1, 4, -7, -8, -9]
+
+
+def test_store_q_full_width_on_acc_depth_rows():
+    # Every lane, every accumulator row: row_bytes = C and rows = acc_depth are legal.
+    acc = np.arange(12, dtype="<i4").reshape(4, 3) - 6
+    _, result = run(WIDE, [load_acc(0, 4, 12, 0x100), load_quant(0x300, 12, zero_point=-3),
+                           store_q(0, 4, 3, 0x200), end()],
+                    data=[(0x100, acc)] + quant_rows([1 << 30] * 3, [-1] * 3))
+    assert_done(result, 4)
+    assert np.array_equal(result.dram[0x200:0x20C].view(np.int8), acc.ravel() - 3)
+
+
+def test_load_quant_state_survives_later_stores_and_loads():
+    # STORE_Q, LOAD_ACC and MATMUL do not touch the requantization state.
+    acc = np.array([[10, 20, 30]], dtype="<i4")
+    model, result = run(WIDE, [
+        load_quant(0x300, 12, zero_point=1, act_min=-5, act_max=25),
+        load_acc(0, 1, 12, 0x100), store_q(0, 1, 3, 0x200),
+        load_acc(0, 1, 12, 0x100), store_q(0, 1, 3, 0x210), end(),
+    ], data=[(0x100, acc)] + quant_rows([1 << 30] * 3, [-1] * 3))
+    assert_done(result, 6)
+    assert result.dram[0x200:0x203].view(np.int8).tolist() == [11, 21, 25]
+    assert result.dram[0x210:0x213].view(np.int8).tolist() == [11, 21, 25]
+
+
+LOAD_QUANT_ERROR_CASES = [
+    # (dram_addr, dram_stride, row_bytes, zero_point, act_min, act_max, shifts, error)
+    (0x300, 0x40, 0, 0, -128, 127, None, ErrorCode.BAD_LENGTH),
+    (0x300, 0x40, 6, 0, -128, 127, None, ErrorCode.BAD_LENGTH),
+    (0x300, 0x40, 16, 0, -128, 127, None, ErrorCode.BAD_LENGTH),          # above 4 C = 12
+    (0xFFFF_FFFF, 0xFFFF_FFFF, 2, 500, 5, 4, None, ErrorCode.BAD_LENGTH),  # before the rest
+    (0xFFFF_FFF8, 0, 12, 0, -128, 127, None, ErrorCode.DRAM_RANGE),
+    (0x300, 0xFFFF_FD00 - 12 + 1, 12, 0, -128, 127, None, ErrorCode.DRAM_RANGE),
+    (0xFFFF_FFF0, 5, 12, 999, 1, 0, None, ErrorCode.DRAM_RANGE),           # before QUANT
+    (0x300, 0xFFFF_FD00 - 12, 12, 0, -128, 127, None, ErrorCode.BUS_READ),  # ends at 2**32
+    (DRAM_SIZE - 12, 0, 12, 0, -128, 127, None, None),                     # the last bytes
+    (DRAM_SIZE - 12, 4, 12, 0, -128, 127, None, ErrorCode.BUS_READ),
+    (DRAM_SIZE - 8, 0, 12, -200, 3, 2, None, ErrorCode.BUS_READ),          # before QUANT
+    (0x300, 0x40, 12, 128, -128, 127, None, ErrorCode.QUANT),
+    (0x300, 0x40, 12, -129, -128, 127, None, ErrorCode.QUANT),
+    (0x300, 0x40, 12, -32768, -128, 127, None, ErrorCode.QUANT),
+    (0x300, 0x40, 12, 127, -128, 127, None, None),
+    (0x300, 0x40, 12, -128, -128, 127, None, None),
+    (0x300, 0x40, 12, 0, 1, 0, None, ErrorCode.QUANT),
+    (0x300, 0x40, 12, 0, 127, -128, None, ErrorCode.QUANT),
+    (0x300, 0x40, 12, 0, 7, 7, None, None),
+    (0x300, 0x40, 12, 0, -128, 127, [0, 0, 32], ErrorCode.QUANT),
+    (0x300, 0x40, 12, 0, -128, 127, [-32, 0, 0], ErrorCode.QUANT),
+    (0x300, 0x40, 12, 0, -128, 127, [INT32_MIN, 0, 0], ErrorCode.QUANT),
+    (0x300, 0x40, 12, 0, -128, 127, [31, -31, 0], None),
+    (0x300, 0x40, 8, 0, -128, 127, [31, -31, 32], None),                   # lane 2 not read
+]
+
+
+@pytest.mark.parametrize("case", LOAD_QUANT_ERROR_CASES)
+def test_load_quant_errors(case):
+    *fields, shifts, error = case
+    dram_addr, dram_stride, row_bytes, zero_point, act_min, act_max = fields
+    good = dict(multipliers=[111, 222, 333], shifts=[1, 2, 3])
+    bad_shifts = [0, 0, 0] if shifts is None else shifts
+    data = [(0x380, np.array(good["multipliers"] + good["shifts"], dtype="<i4"))] + \
+        quant_rows([7, 8, 9], bad_shifts)
+    model, result = run(WIDE, [
+        load_quant(0x380, 12, zero_point=-9, act_min=-100, act_max=100, dram_stride=12),
+        load_quant(dram_addr, row_bytes, zero_point, act_min, act_max, dram_stride),
+        end(),
+    ], data=data)
+    if error is None:
+        assert_done(result, 3)
+        assert (model.zero_point, model.act_min, model.act_max) == (zero_point, act_min,
+                                                                     act_max)
+    else:
+        assert_error(result, error, 1)
+        # A failing LOAD_QUANT leaves the state of the one before it.
+        assert model.multipliers.tolist() == good["multipliers"]
+        assert model.shifts.tolist() == good["shifts"]
+        assert (model.zero_point, model.act_min, model.act_max) == (-9, -100, 100)
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(acc_addr=0, rows=0, row_bytes=1, dram_addr=0), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=0, rows=1, row_bytes=0, dram_addr=0), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=0, rows=1, row_bytes=4, dram_addr=0), ErrorCode.BAD_LENGTH),   # > C = 3
+    (dict(acc_addr=9, rows=1, row_bytes=5, dram_addr=0xFFFF_FFFF), ErrorCode.BAD_LENGTH),
+    (dict(acc_addr=3, rows=2, row_bytes=1, dram_addr=0), ErrorCode.ACC_RANGE),
+    (dict(acc_addr=4, rows=1, row_bytes=1, dram_addr=0xFFFF_FFFF), ErrorCode.ACC_RANGE),
+    (dict(acc_addr=0, rows=1, row_bytes=3, dram_addr=0xFFFF_FFFE), ErrorCode.DRAM_RANGE),
+    (dict(acc_addr=0, rows=2, row_bytes=2, dram_addr=0, dram_stride=0xFFFF_FFFF),
+     ErrorCode.DRAM_RANGE),
+    (dict(acc_addr=0, rows=2, row_bytes=1, dram_addr=0, dram_stride=0xFFFF_FFFF),
+     ErrorCode.BUS_WRITE),                                          # ends exactly at 2**32
+    (dict(acc_addr=0, rows=1, row_bytes=3, dram_addr=0xFFFF_FFFD), ErrorCode.BUS_WRITE),
+    (dict(acc_addr=0, rows=1, row_bytes=2, dram_addr=DRAM_SIZE - 1), ErrorCode.BUS_WRITE),
+    (dict(acc_addr=0, rows=4, row_bytes=3, dram_addr=DRAM_SIZE - 11, dram_stride=3),
+     ErrorCode.BUS_WRITE),
+    (dict(acc_addr=0, rows=4, row_bytes=3, dram_addr=DRAM_SIZE - 12, dram_stride=3), None),
+    (dict(acc_addr=1, rows=1, row_bytes=1, dram_addr=DRAM_SIZE - 1), None),
+])
+def test_store_q_errors(fields, error):
+    fields = dict(dict(dram_stride=fields["row_bytes"]), **fields)
+    dram = make_dram([load_acc(0, 4, 12, 0x100), load_quant(0x300, 12),
+                      (Opcode.STORE_Q, fields), end()],
+                     data=[(0x100, np.arange(1, 13, dtype="<i4"))] +
+                     quant_rows([1 << 30] * 3, [-1] * 3))
+    result = ModelNPU(WIDE).run(dram, PROG_ADDR, 4)
+    if error is None:
+        assert_done(result, 4)
+        rows, row_bytes = fields["rows"], fields["row_bytes"]
+        stored = result.dram[fields["dram_addr"]:][:rows * row_bytes].view(np.int8)
+        expected = np.arange(1, 13).reshape(4, 3)[fields["acc_addr"]:][:rows, :row_bytes]
+        assert np.array_equal(stored, expected.ravel())
+    else:
+        assert_error(result, error, 2)
+        assert np.array_equal(result.dram, dram)
+
+
+def test_run_without_reset_keeps_the_state():
+    model = ModelNPU(WIDE)
+    first = make_dram([load_spad(0, 2, 3, 0x100), preload(0), load_acc(1, 1, 12, 0x200),
+                       load_quant(0x300, 12, zero_point=4), end()],
+                      data=[(0x100, int8(range(1, 7))), (0x200, np.array([7, 8, 9], "<i4"))]
+                      + quant_rows([1 << 30] * 3, [-1] * 3))
+    assert model.run(first, PROG_ADDR, 5).done
+    # The second program only multiplies and stores: it sees the weights, the accumulator row
+    # and the requantization state the first one left.
+    second = make_dram([load_spad(4, 1, 2, 0x100), matmul(4, 1, 1, accumulate=1),
+                        store_q(1, 1, 3, 0x400), end()], data=[(0x100, int8([1, 1]))])
+    result = model.run(second, PROG_ADDR, 4, reset=False)
+    assert_done(result, 4)
+    assert result.dram[0x400:0x403].view(np.int8).tolist() == [7 + 5 + 4, 8 + 7 + 4, 9 + 9 + 4]
+    # With the reset (the default), the same program sees zero weights and the reset state.
+    result = model.run(second, PROG_ADDR, 4)
+    assert result.dram[0x400:0x403].view(np.int8).tolist() == [0, 0, 0]
+    assert (model.zero_point, model.act_min, model.act_max) == (0, -128, 127)
