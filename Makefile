@@ -9,7 +9,7 @@ CONFIG  ?= 8x8
 JOBS    ?= auto
 STAMP   := $(VENV)/.installed
 
-.PHONY: all venv icarus sim test test-fast test-rtl test-full verilog lint trace clean distclean help
+.PHONY: all venv icarus sim demo test test-full verilog lint trace clean distclean help
 
 all: test
 
@@ -20,6 +20,7 @@ help:
 	@echo "make verilog CONFIG=RxC  write build/npu_RxC.v"
 	@echo "make lint CONFIG=RxC     verilator --lint-only on that Verilog"
 	@echo "make trace               the seeds' 2x2 trace, simulated"
+	@echo "make demo                the digits CNN on the NPU under Verilator -> docs/demo.md"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,9 @@ icarus:
 
 sim: venv
 	$(NPU) gemm --m 64 --k 100 --n 100 --config $(CONFIG) --sim verilator --seed 1
+
+demo: venv
+	$(NPU) demo digits --config $(CONFIG) --sim verilator --out docs/demo.md
 
 test: venv
 	$(PY) -m pytest -n $(JOBS) -q

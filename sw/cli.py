@@ -151,7 +151,21 @@ def _build_parser():
     verilog.add_argument("-o", "--output", required=True, metavar="FILE",
                          help="Verilog file to write")
 
-    commands.add_parser("trace", help="print a cycle trace of a small GEMM")
+    commands.add_parser("trace", help="print the seeds' 2x2 trace, simulated cycle by cycle")
+
+    demo = commands.add_parser(
+        "demo", help="train, quantize and run a small CNN on the NPU, and write its report")
+    demo.add_argument("network", choices=["digits"],
+                      help="digits: Conv-ReLU-Conv-BatchNorm-ReLU-GEMM on scikit-learn's "
+                           "8x8 digits")
+    add_config_arguments(demo)
+    demo.add_argument("--sim", choices=SIMULATORS, default="verilator",
+                      help="backend (default verilator)")
+    demo.add_argument("--batch", type=_positive_int, default=64,
+                      help="test images per NPU program (default 64)")
+    demo.add_argument("--out", default="docs/demo.md", metavar="FILE",
+                      help="report to write (default docs/demo.md)")
+    demo.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
 
@@ -400,6 +414,21 @@ def _run_trace(arguments):
     return 0
 
 
+def _run_demo(arguments):
+    from .nn.demo import run_demo
+    report = run_demo(sim=arguments.sim, batch=arguments.batch, out=arguments.out,
+                      config=_config_from(arguments))
+    if arguments.json:
+        print(json.dumps(report))
+    else:
+        print(f"digits on {arguments.config} ({arguments.sim}): report written to "
+              f"{arguments.out}")
+        for key in ("float_accuracy", "int8_accuracy", "npu_accuracy", "bit_exact"):
+            if key in report:
+                print(f"  {key}: {report[key]}")
+    return 0 if report.get("bit_exact", False) else EXIT_FAILURE
+
+
 def main(argv=None):
     """Run the ``npu`` command line.
 
@@ -420,7 +449,7 @@ def main(argv=None):
         # argparse exits after --help or a usage error; return its status for in-process use.
         return exit.code
     handlers = {"gemm": _run_gemm, "qgemm": _run_qgemm, "verilog": _run_verilog,
-                "trace": _run_trace}
+                "trace": _run_trace, "demo": _run_demo}
     try:
         return handlers[arguments.command](arguments)
     except (NPURunError, BackendUnavailable) as error:

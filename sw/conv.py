@@ -32,27 +32,17 @@ convolution with stride 1 and no padding is one contiguous GEMM) share one instr
 schedule around those loads is :func:`sw.compiler.compile_quantized`'s.
 """
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
 from hw.config import MAX_K
-from .compiler import RowGather, _compile_quantized, merge_runs, plan_quantized
+from .compiler import RowGather, _as_int, _compile_quantized, merge_runs, plan_quantized
 from .errors import NPUTypeError, NPUValueError
 
 
 __all__ = ["Conv2dGeometry", "plan_conv2d", "compile_conv2d", "reference_conv2d",
            "padded_input", "prepare_conv2d", "conv2d", "conv2d_batch"]
-
-
-def _as_int(name, value):
-    if isinstance(value, (bool, np.bool_)):
-        raise NPUTypeError(f"{name} must be an integer, not {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise NPUTypeError(f"{name} must be an integer, not {value!r}") from None
 
 
 def _padding(name, value):
