@@ -415,9 +415,13 @@ def _run_trace(arguments):
 
 
 def _run_demo(arguments):
-    from .nn.demo import run_demo
-    report = run_demo(sim=arguments.sim, batch=arguments.batch, out=arguments.out,
-                      config=_config_from(arguments))
+    from .nn.demo import DemoMismatch, run_demo
+    try:
+        report = run_demo(sim=arguments.sim, batch=arguments.batch, out=arguments.out,
+                          config=_config_from(arguments))
+    except DemoMismatch as error:
+        _report(error)            # the report was written; the NPU disagreed with it
+        return EXIT_FAILURE
     if arguments.json:
         print(json.dumps(report))
     else:

@@ -74,3 +74,26 @@ def test_seeds_pointwise_layer(sim):
     assert np.array_equal(result.y, want), f"seed {BASE_SEED}"
     assert result.cycles > 0
     print(f"pointwise 56x56x100 -> 100 on 16x16 under {sim}: {result.cycles} cycles")
+
+
+@pytest.fixture(scope="module")
+def digits_network():
+    from sw.nn.quantize import quantize_network
+    from sw.nn.train import train_digits
+    network, data, _ = train_digits(0)
+    return data, quantize_network(network, data.x_train)
+
+
+@pytest.mark.parametrize("sim", SIMULATORS)
+def test_digits_network_one_program(sim, digits_network):
+    """The seeds' network, every NPU layer in one program, equals the INT8 reference."""
+    from sw.nn.reference import run_reference
+    from sw.nn.runtime import run_network
+    data, qnet = digits_network
+    images = data.x_test[:24 if sim == "verilator" else 6]
+    result = run_network(qnet, images, config=NPUConfig.from_name("8x8"), sim=sim,
+                         batch=len(images), mode="fused")
+    reference = run_reference(qnet, images)
+    assert result.programs == 1
+    assert np.array_equal(result.logits, reference["dense"])
+    assert result.cycles > 0

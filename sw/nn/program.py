@@ -1,0 +1,496 @@
+"""Lowering a quantized network onto the NPU: activation buffers, DRAM images, programs.
+
+The NPU operators of a network form a chain (convolutions and dense layers, with only
+free flatten views between them). Each is compiled to a :class:`~sw.compiler.QuantProgram`:
+
+* a convolution by :func:`sw.conv.compile_conv2d` (lowering ``"taps"``: one weight matrix
+  per kernel tap) or through :class:`KernelRowGather` (lowering ``"kernel_rows"``: one per
+  kernel row). It reads a pre-padded NHWC buffer whose border holds its input zero point
+  (real 0), and writes its requantized INT8 output (``STORE_Q``) into the interior of its
+  consumer's buffer: padded when the consumer is a padded convolution, plain NHWC otherwise;
+* a dense layer by :func:`sw.compiler.compile_qgemm`, reading that plain NHWC buffer as a
+  ``batch x (h*w*c)`` matrix: the flatten is a view, since
+  :func:`sw.nn.passes.flatten_as_view` put the weight rows in NHWC order.
+
+Two ways to run the chain:
+
+* :func:`build_fused_program`: every NPU operator in ONE program, the layers' bodies
+  concatenated before one ``END``; intermediate activations never leave DRAM, and their
+  buffers share memory as :func:`sw.nn.memory.plan_buffers` allows;
+* :func:`build_layer_program`: one operator per program, with its own input and output
+  buffers; the host copies each output into the next layer's input (a round trip).
+
+DRAM image (every region 64-byte aligned)::
+
+    0x0000   64 zero bytes (a program pointer of 0 hits an illegal opcode)
+    0x0040   program, 16 bytes per instruction
+             per NPU operator: weights (INT8, HWIO or K x N), bias (INT32, the input zero
+             point folded in), requantization parameters (N multipliers, N shifts, INT32)
+             activation arena (buffers as planned)
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.isa import INSTR_BYTES, Opcode
+from .. import codec
+from ..compiler import (RowGather, compile_qgemm, compile_quantized, merge_runs, plan_qgemm,
+                        plan_quantized)
+from ..conv import Conv2dGeometry, compile_conv2d, plan_conv2d
+from ..driver import DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN
+from ..errors import NPUValueError
+from .memory import TensorLife, plan_buffers
+from .quantize import NPU_KINDS
+
+
+__all__ = ["ActivationBuffer", "KernelRowGather", "LOWERINGS", "NpuChain", "npu_chain",
+           "activation_buffers", "fused_lifetimes", "NetworkImage", "build_fused_program",
+           "build_layer_program", "program_traffic"]
+
+
+def _align(value, alignment):
+    return -(-value // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class ActivationBuffer:
+    """An INT8 NHWC activation tensor in DRAM, possibly inside a zero-point border.
+
+    Attributes
+    ----------
+    name : str
+        ``"input"`` or the producing operator's name.
+    batch, height, width, channels : int
+        The tensor itself (the interior).
+    padding : int
+        Border width in pixels on every side.
+    zero_point : int
+        Value of the border bytes: the consumer's input zero point.
+    """
+    name: str
+    batch: int
+    height: int
+    width: int
+    channels: int
+    padding: int = 0
+    zero_point: int = 0
+
+    @property
+    def padded_height(self):
+        return self.height + 2 * self.padding
+
+    @property
+    def padded_width(self):
+        return self.width + 2 * self.padding
+
+    @property
+    def bytes(self):
+        return self.batch * self.padded_height * self.padded_width * self.channels
+
+    @property
+    def interior_bytes(self):
+        return self.batch * self.height * self.width * self.channels
+
+    @property
+    def border_bytes(self):
+        return self.bytes - self.interior_bytes
+
+    @property
+    def host_initialized(self):
+        """True when the buffer holds host-written bytes before a program writes it: a
+        border (the network input is host-written in any case)."""
+        return self.padding > 0
+
+    def pixel_offset(self, image, row, column):
+        """Byte offset of interior pixel ``(row, column)`` of ``image``, channel 0."""
+        return ((image * self.padded_height + row + self.padding) * self.padded_width
+                + column + self.padding) * self.channels
+
+    def image(self, interior=None):
+        """The buffer's bytes (uint8): the border at the zero point, and ``interior`` (int8,
+        ``batch x height x width x channels``) inside, or the zero point there too."""
+        full = np.full((self.batch, self.padded_height, self.padded_width, self.channels),
+                       self.zero_point, dtype=np.int8)
+        if interior is not None:
+            interior = np.asarray(interior)
+            expected = (self.batch, self.height, self.width, self.channels)
+            if interior.dtype != np.int8 or interior.shape != expected:
+                raise NPUValueError(f"buffer {self.name} takes int8 of shape {expected}, not "
+                                    f"{interior.dtype} of shape {interior.shape}")
+            p = self.padding
+            full[:, p:p + self.height, p:p + self.width] = interior
+        return full.view(np.uint8).reshape(-1)
+
+    def border_mask(self):
+        """Boolean mask (one per byte) of the border."""
+        mask = np.ones((self.batch, self.padded_height, self.padded_width, self.channels),
+                       dtype=bool)
+        p = self.padding
+        mask[:, p:p + self.height, p:p + self.width] = False
+        return mask.reshape(-1)
+
+    def read(self, data):
+        """The interior (int8, NHWC) of the buffer's bytes ``data``."""
+        full = np.asarray(data).view(np.int8).reshape(
+            self.batch, self.padded_height, self.padded_width, self.channels)
+        p = self.padding
+        return full[:, p:p + self.height, p:p + self.width].copy()
+
+
+class KernelRowGather(RowGather):
+    """A convolution lowered with one weight matrix per kernel *row* (the ``kernel_rows``
+    lowering), from a padded NHWC buffer into an NHWC (possibly padded) buffer.
+
+    :mod:`sw.conv` multiplies one ``C_in x C_out`` matrix per kernel tap. In NHWC the ``kw``
+    neighbouring pixels of a kernel row lie next to each other, so the ``kw * C_in`` bytes
+    from pixel ``(oy * stride + i, ox * stride)`` on are the activation row of the whole
+    kernel row ``i``, and HWIO weight rows ``i * kw * C_in ..`` are its matrix (the same
+    bytes as the per-tap layout). The reduction of one tap is then ``kw`` times longer,
+    which fills the array's R rows when ``C_in < R``: a 1-channel 3x3 convolution on 8 rows
+    needs 3 weight tiles of 3 rows instead of 9 of 1.
+
+    Output row ``p`` is output pixel ``(image, oy, ox)`` in NHWC order; addresses are
+    relative to the buffers' bases.
+    """
+
+    def __init__(self, source, target, kernel, stride):
+        kernel_h, kernel_w = kernel
+        out_h = (source.padded_height - kernel_h) // stride + 1
+        out_w = (source.padded_width - kernel_w) // stride + 1
+        if (target.batch, target.height, target.width) != (source.batch, out_h, out_w):
+            raise NPUValueError(f"output buffer {target.name} is {target.batch}x"
+                                f"{target.height}x{target.width}, but the convolution "
+                                f"makes {source.batch}x{out_h}x{out_w}")
+        self.source, self.target, self.stride = source, target, stride
+        self.out_h, self.out_w = out_h, out_w
+        self.m = source.batch * out_h * out_w
+        self.taps = kernel_h
+        self.k_tap = kernel_w * source.channels
+        self.n = target.channels
+        self.row_group = out_w
+        self.activation_bytes = source.bytes
+        self.output_bytes = target.bytes
+
+    def _segments(self, start, stop):
+        """``(offset, image, oy, ox0, count)``: runs of output pixels within image rows."""
+        pixel = start
+        while pixel < stop:
+            image, rest = divmod(pixel, self.out_h * self.out_w)
+            oy, ox = divmod(rest, self.out_w)
+            count = min(self.out_w - ox, stop - pixel)
+            yield pixel - start, image, oy, ox, count
+            pixel += count
+
+    def activation_runs(self, tap, start, stop):
+        source, stride = self.source, self.stride
+        # pixel_offset counts from the interior; the kernel reads padded coordinates.
+        return merge_runs(
+            (offset, count, source.pixel_offset(image, oy * stride + tap - source.padding,
+                                                ox * stride - source.padding),
+             stride * source.channels)
+            for offset, image, oy, ox, count in self._segments(start, stop))
+
+    def output_runs(self, start, stop):
+        target = self.target
+        return merge_runs((offset, count, target.pixel_offset(image, oy, ox), target.channels)
+                          for offset, image, oy, ox, count in self._segments(start, stop))
+
+
+@dataclass(frozen=True)
+class NpuChain:
+    """The NPU operators of a network, in order, with the CPU operators around them."""
+    before: tuple     # CPU operators before the first NPU operator
+    ops: tuple        # NPU operators (only flatten views between them)
+    after: tuple      # CPU operators after the last NPU operator
+
+
+def npu_chain(qnet, placements):
+    """Split ``qnet`` into CPU prologue, NPU chain and CPU epilogue.
+
+    Raises
+    ------
+    NPUValueError
+        If the NPU operators are not consecutive (a CPU operator other than a flatten view
+        between two of them would need a host round trip in the middle of the program).
+    """
+    device = {placement.op: placement.device for placement in placements}
+    npu_indices = [index for index, op in enumerate(qnet.ops) if device[op.name] == "npu"]
+    if not npu_indices:
+        raise NPUValueError("no operator of the network is placed on the NPU")
+    first, last = npu_indices[0], npu_indices[-1]
+    inner = qnet.ops[first:last + 1]
+    blockers = [op.name for op in inner if device[op.name] != "npu" and op.kind != "flatten"]
+    if blockers:
+        raise NPUValueError(f"the NPU operators are not one chain: {blockers} run on the CPU "
+                            f"between them")
+    return NpuChain(before=qnet.ops[:first],
+                    ops=tuple(op for op in inner if op.kind in NPU_KINDS),
+                    after=qnet.ops[last + 1:])
+
+
+def _input_buffer(op, batch, name):
+    """The buffer ``op`` reads: padded NHWC for a convolution, a plain matrix for a dense."""
+    if op.kind == "conv2d":
+        height, width, channels = op.input_shape
+        return ActivationBuffer(name, batch, height, width, channels, padding=op.padding,
+                                zero_point=op.input.zero_point)
+    return ActivationBuffer(name, batch, 1, 1, op.k)
+
+
+def activation_buffers(ops, batch):
+    """``{name: ActivationBuffer}`` for the chain ``ops``: ``"input"`` and each operator's
+    output, laid out for its consumer (a dense layer's input is the previous layer's NHWC
+    output viewed as a matrix)."""
+    buffers = {"input": _input_buffer(ops[0], batch, "input")}
+    for op, consumer in zip(ops, list(ops[1:]) + [None]):
+        height, width, channels = (op.output_shape if op.kind == "conv2d"
+                                   else (1, 1, op.n))
+        if consumer is not None and consumer.kind == "conv2d":
+            buffers[op.name] = ActivationBuffer(op.name, batch, height, width, channels,
+                                                padding=consumer.padding,
+                                                zero_point=consumer.input.zero_point)
+        else:
+            if consumer is not None and height * width * channels != consumer.k:
+                raise NPUValueError(f"{consumer.name} takes {consumer.k} features, but "
+                                    f"{op.name} makes {height}x{width}x{channels}")
+            buffers[op.name] = ActivationBuffer(op.name, batch, height, width, channels)
+    return buffers
+
+
+#: Convolution lowerings: "taps" is :mod:`sw.conv` (one weight matrix per kernel tap),
+#: "kernel_rows" is :class:`KernelRowGather` (one per kernel row).
+LOWERINGS = ("taps", "kernel_rows")
+
+
+def _conv_geometry(op, source, target):
+    if source.padding != op.padding:
+        raise NPUValueError(f"{op.name} pads by {op.padding}, but its input buffer "
+                            f"{source.name} has a border of {source.padding}")
+    return Conv2dGeometry(batch=source.batch, height=source.height, width=source.width,
+                          in_channels=source.channels, out_channels=op.n,
+                          kernel_height=op.kernel[0], kernel_width=op.kernel[1],
+                          stride=op.stride, padding=op.padding, out_padding=target.padding)
+
+
+def _check_lowering(lowering):
+    if lowering not in LOWERINGS:
+        raise NPUValueError(f"lowering must be one of {LOWERINGS}, not {lowering!r}")
+
+
+def _plan_op(config, op, source, target, lowering):
+    """The :class:`~sw.compiler.QuantPlan` of one operator (no addresses needed)."""
+    if op.kind == "conv2d":
+        if lowering == "taps":
+            return plan_conv2d(config, _conv_geometry(op, source, target))
+        return plan_quantized(config, KernelRowGather(source, target, op.kernel, op.stride))
+    _check_dense_buffers(op, source, target)
+    return plan_qgemm(config, source.batch, op.k, op.n)
+
+
+def _check_dense_buffers(op, source, target):
+    if source.padding or target.padding:
+        raise NPUValueError(f"{op.name}: a dense layer needs plain (unpadded) buffers")
+
+
+def _compile_op(config, op, source, target, addresses, act_min, act_max, lowering):
+    """Compile one operator; ``addresses`` has ``x, w, bias, quant, y``."""
+    common = dict(bias_addr=addresses["bias"], quant_addr=addresses["quant"],
+                  y_addr=addresses["y"], out_zero_point=op.output.zero_point,
+                  act_min=act_min, act_max=act_max)
+    if op.kind == "conv2d":
+        if lowering == "taps":
+            return compile_conv2d(config, _conv_geometry(op, source, target),
+                                  x_addr=addresses["x"], w_addr=addresses["w"], **common)
+        return compile_quantized(config, KernelRowGather(source, target, op.kernel, op.stride),
+                                 a_addr=addresses["x"], b_addr=addresses["w"], **common)
+    _check_dense_buffers(op, source, target)
+    return compile_qgemm(config, source.batch, op.k, op.n, a_addr=addresses["x"],
+                         b_addr=addresses["w"], **common)
+
+
+def fused_lifetimes(ops, buffers):
+    """Lifetimes of the chain's buffers in one program: step 0 is the host writing the
+    input (and every border), step ``i`` the ``i``-th operator, the last step the host
+    reading the output."""
+    names = ["input"] + [op.name for op in ops]
+    lives = []
+    for index, name in enumerate(names):
+        # A border is host-written before the program: the buffer lives from step 0, and
+        # (except the input, which the host rewrites whole for every batch) it is pinned so
+        # that the border written once at set-up stays valid for every batch.
+        bordered = buffers[name].host_initialized
+        first = 0 if index == 0 or bordered else index
+        lives.append(TensorLife(name, buffers[name].bytes, first, index + 1,
+                                pinned=bordered and index > 0))
+    return lives
+
+
+def _constant_regions(op):
+    """``[(region name, bytes as uint8)]`` of an operator's weights, bias and requantization
+    parameters."""
+    quant = np.concatenate([op.multiplier.astype("<i4"), op.shift.astype("<i4")])
+    return [(f"{op.name}.weight", np.ascontiguousarray(op.gemm_weight).view(np.uint8)
+             .reshape(-1)),
+            (f"{op.name}.bias", op.acc_bias.astype("<i4").view(np.uint8)),
+            (f"{op.name}.quant", quant.view(np.uint8))]
+
+
+@dataclass
+class NetworkImage:
+    """A program in its DRAM image, ready for :func:`sw.backend.run_programs`.
+
+    Attributes
+    ----------
+    dram : numpy.ndarray
+        uint8, the initial DRAM contents.
+    program_addr : int
+    words : list of int
+        The program, ``END`` last.
+    regions : dict
+        ``{name: (addr, bytes)}`` of the constants and of every activation buffer.
+    buffers : dict
+        ``{name: ActivationBuffer}``.
+    plans : dict
+        ``{operator name: sw.compiler.QuantPlan}``.
+    output : str
+        Name of the buffer that holds the result.
+    buffer_plan : sw.nn.memory.BufferPlan or None
+        The activation arena's plan (fused programs).
+    """
+    dram: np.ndarray
+    program_addr: int
+    words: list
+    regions: dict
+    buffers: dict
+    plans: dict
+    output: str
+    buffer_plan: object = None
+
+    @property
+    def program_len(self):
+        return len(self.words)
+
+    def run_args(self):
+        """``(dram, prog_addr, prog_len)`` for :func:`sw.backend.run_programs`."""
+        return self.dram, self.program_addr, len(self.words)
+
+    def read(self, dram, name=None):
+        """The interior of buffer ``name`` (default: the output) from a DRAM after the run."""
+        name = self.output if name is None else name
+        addr, size = self.regions[name]
+        return self.buffers[name].read(dram[addr:addr + size])
+
+
+def _image(config, ops, buffers, arena_offsets, arena_bytes, input_q, act_overrides,
+           lowering, buffer_plan=None):
+    """Lay out program, constants and arena; compile; fill the DRAM image."""
+    _check_lowering(lowering)
+    sources = ["input"] + [op.name for op in ops[:-1]]
+    instructions = 1 + sum(
+        _plan_op(config, op, buffers[source], buffers[op.name], lowering).instructions - 1
+        for op, source in zip(ops, sources))
+    position = _align(PROGRAM_ADDR + INSTR_BYTES * instructions, REGION_ALIGN)
+    regions, constants = {}, []
+    for op in ops:
+        for name, data in _constant_regions(op):
+            regions[name] = (position, data.size)
+            constants.append((position, data))
+            position = _align(position + data.size, REGION_ALIGN)
+    arena = position
+    for name, offset in arena_offsets.items():
+        regions[name] = (arena + offset, buffers[name].bytes)
+    size = _align(arena + arena_bytes, DRAM_GRANULE)
+
+    # Layers chain by concatenating the bodies of their programs, then one END.
+    words, plans = [], {}
+    for op, source in zip(ops, sources):
+        act_min, act_max = act_overrides.get(op.name, (op.act_min, op.act_max))
+        addresses = {"x": regions[source][0], "w": regions[f"{op.name}.weight"][0],
+                     "bias": regions[f"{op.name}.bias"][0],
+                     "quant": regions[f"{op.name}.quant"][0], "y": regions[op.name][0]}
+        program = _compile_op(config, op, buffers[source], buffers[op.name], addresses,
+                              act_min, act_max, lowering)
+        words.extend(program.body)
+        plans[op.name] = program.plan
+    words.append(codec.encode(Opcode.END))
+    if len(words) != instructions:
+        raise RuntimeError(f"program length {len(words)} differs from the planned "
+                           f"{instructions}")
+
+    dram = np.zeros(size, dtype=np.uint8)
+    dram[PROGRAM_ADDR:PROGRAM_ADDR + INSTR_BYTES * len(words)] = \
+        np.frombuffer(codec.pack_words(words), dtype=np.uint8)
+    for addr, data in constants:
+        dram[addr:addr + data.size] = data
+    dram[arena:arena + arena_bytes] = POISON    # a missed store cannot read as data
+    # Host-written buffers last: they live from step 0, so nothing planned into the same
+    # bytes is live before them.
+    for name, buffer in buffers.items():
+        addr, nbytes = regions[name]
+        if name == "input":
+            dram[addr:addr + nbytes] = buffer.image(input_q)
+        elif buffer.host_initialized:
+            dram[addr:addr + nbytes][buffer.border_mask()] = np.uint8(buffer.zero_point & 0xFF)
+    return NetworkImage(dram=dram, program_addr=PROGRAM_ADDR, words=words, regions=regions,
+                        buffers=buffers, plans=plans, output=ops[-1].name,
+                        buffer_plan=buffer_plan)
+
+
+def build_fused_program(config, ops, input_q, *, lowering="taps"):
+    """One program for the whole NPU chain, on the batch ``input_q`` (int8 NHWC, or a
+    matrix if the chain starts with a dense layer).
+
+    The activation buffers are planned with reuse (:func:`sw.nn.memory.plan_buffers`);
+    ``lowering`` is one of :data:`LOWERINGS`.
+    """
+    ops = tuple(ops)
+    batch = len(input_q)
+    buffers = activation_buffers(ops, batch)
+    buffer_plan = plan_buffers(fused_lifetimes(ops, buffers), alignment=REGION_ALIGN)
+    offsets = {name: buffer_plan.offset(name) for name in buffers}
+    input_q = _as_buffer_shape(buffers["input"], input_q)
+    return _image(config, ops, buffers, offsets, buffer_plan.total_bytes, input_q, {},
+                  lowering, buffer_plan)
+
+
+def _as_buffer_shape(buffer, x):
+    """``x`` as the buffer's ``batch x height x width x channels``. A plain ``batch x
+    features`` buffer (a dense layer's input) takes any ``batch x ...`` array with that many
+    values per sample: the NHWC flatten, which is a view; nothing else is reshaped."""
+    x = np.asarray(x)
+    shape = (buffer.batch, buffer.height, buffer.width, buffer.channels)
+    if x.shape == shape:
+        return x
+    if (buffer.height == buffer.width == 1 and x.ndim >= 2 and x.shape[0] == buffer.batch
+            and int(np.prod(x.shape[1:])) == buffer.channels):
+        return x.reshape(shape)
+    raise NPUValueError(f"the input must have shape {shape}, not {x.shape}")
+
+
+def build_layer_program(config, op, input_q, *, act_min=None, lowering="taps"):
+    """One program for one NPU operator, its input written by the host into its own buffer
+    (``act_min`` overrides the clamp's lower end, e.g. -128 for an unfused ReLU)."""
+    buffers = activation_buffers((op,), len(input_q))
+    offsets, position = {}, 0
+    for name in ("input", op.name):
+        offsets[name] = position
+        position = _align(position + buffers[name].bytes, REGION_ALIGN)
+    overrides = {} if act_min is None else {op.name: (act_min, op.act_max)}
+    return _image(config, (op,), buffers, offsets, position,
+                  _as_buffer_shape(buffers["input"], input_q), overrides, lowering)
+
+
+def program_traffic(words):
+    """``{"read": bytes, "written": bytes, "program": bytes}`` that a program's DMA
+    instructions move, counted from the words themselves."""
+    read = written = 0
+    for word in words:
+        opcode, fields = codec.decode(word)
+        if opcode in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC):
+            read += fields["rows"] * fields["row_bytes"]
+        elif opcode is Opcode.LOAD_QUANT:
+            read += 2 * fields["row_bytes"]
+        elif opcode in (Opcode.STORE, Opcode.STORE_Q):
+            written += fields["rows"] * fields["row_bytes"]
+    return {"read": read, "written": written, "program": INSTR_BYTES * len(words)}
