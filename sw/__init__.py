@@ -1,10 +1,14 @@
 """Software for the NPU: compiler, instruction-level model, backends, driver and CLI.
 
 * :mod:`sw.codec`    fast instruction encoding, derived from :mod:`hw.isa`'s layouts
-* :mod:`sw.compiler` tiles ``C = A @ B`` into a program (:func:`~sw.compiler.compile_gemm`)
+* :mod:`sw.compiler` tiles ``C = A @ B`` into a program (:func:`~sw.compiler.compile_gemm`),
+  and quantized layers (:func:`~sw.compiler.compile_qgemm`, :func:`~sw.compiler.compile_quantized`)
+* :mod:`sw.conv`     quantized 2-D convolution without im2col (:func:`~sw.conv.conv2d`)
+* :mod:`sw.quant`    the requantization arithmetic (:func:`~sw.quant.requantize`)
 * :mod:`sw.model`    instruction-level simulator (:class:`~sw.model.ModelNPU`)
 * :mod:`sw.backend`  :class:`~sw.backend.RunResult` and :func:`~sw.backend.run_program`
-* :mod:`sw.driver`   :func:`~sw.driver.gemm`, the host-side entry point
+* :mod:`sw.driver`   :func:`~sw.driver.gemm` and :func:`~sw.driver.qgemm`, the host-side
+  entry points
 * :mod:`sw.cli`      the ``npu`` command
 * :mod:`sw.errors`   :class:`~sw.errors.NPUError` and its subclasses
 
