@@ -120,3 +120,12 @@ def test_same_cycles_on_both_simulators():
     cycles = {sim: gemm_batch([(a, b)], config=config, sim=sim)[0].cycles
               for sim in SIMULATORS}
     assert cycles["verilator"] == cycles["icarus"]
+
+
+def test_largest_k_does_not_overflow():
+    """K = MAX_K with every operand -128: the INT32 accumulators reach 2,147,467,264."""
+    from hw.config import MAX_K
+    a = np.full((2, MAX_K), -128, np.int8)
+    b = np.full((MAX_K, 3), -128, np.int8)
+    result = gemm_batch([(a, b)], config=NPUConfig.from_name("16x16"), sim="verilator")[0]
+    assert np.array_equal(result.c, np.full((2, 3), MAX_K * 128 * 128, np.int32))
