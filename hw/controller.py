@@ -32,7 +32,8 @@ class Controller(wiring.Component):
     Attributes
     ----------
     start : In(1)
-        Start the program (ignored while busy).
+        Start the program. While busy, it ends the running program with ``START_BUSY``
+        before its next instruction.
     prog_addr, prog_len : In(32)
     busy, done, error : Out(1)
     error_code : Out(8)
@@ -139,6 +140,14 @@ class Controller(wiring.Component):
         with m.If(self.busy):
             m.d.sync += self.cycles.eq(self.cycles + 1)
 
+        # A start while busy is a host error: the running program ends with START_BUSY at
+        # its next instruction boundary (every instruction finishes in bounded time).
+        start_while_busy = Signal()
+        with m.If(self.start & self.busy):
+            m.d.sync += start_while_busy.eq(1)
+        with m.If(~self.busy):
+            m.d.sync += start_while_busy.eq(0)
+
         m.d.sync += [weight_read.eq(0), act_read.eq(0)]
         m.d.comb += [
             self.weight.valid.eq(weight_read),
@@ -164,7 +173,9 @@ class Controller(wiring.Component):
                         m.next = "FETCH"
 
             with m.State("FETCH"):
-                with m.If(self.pc == self.prog_len):
+                with m.If(start_while_busy):
+                    fail(ErrorCode.START_BUSY)
+                with m.Elif(self.pc == self.prog_len):
                     fail(ErrorCode.PROGRAM)
                 with m.Else():
                     m.d.comb += [

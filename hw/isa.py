@@ -185,6 +185,8 @@ class ErrorCode(enum.Enum, shape=8):
     PROGRAM        = 7   #: program address unaligned, length zero, or no END within length
     DRAM_RANGE     = 8   #: a DMA block that runs past the top of the 32-bit address space
     QUANT          = 9   #: zero point outside -128..127, act_min > act_max, or |shift| > 31
+    START_BUSY     = 10  #: the host wrote start while a program ran; it stops before its next
+                         #: instruction (``ERROR_PC`` is that instruction's index)
 
 
 MAGIC = 0x4E505538      # "NPU8"

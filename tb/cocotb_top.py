@@ -121,3 +121,25 @@ async def bus_errors(dut):
                               dram_addr=DRAM_SIZE - 1, dram_stride=0), encode(Opcode.END)])
     outcome = await tb.run_program(PROG_ADDR, 2, timeout_cycles=10_000)
     assert outcome.done, outcome
+
+
+@cocotb.test()
+async def start_while_busy(dut):
+    """A second start while a program runs ends it with START_BUSY at an instruction
+    boundary; the next program then runs normally."""
+    tb = TB(dut, DRAM_SIZE)
+    await tb.reset()
+    load = encode(Opcode.LOAD_SPAD, local_addr=0, rows=min(32, tb.config.spad_depth),
+                  row_bytes=1, dram_addr=0x2000, dram_stride=16)
+    write_program(tb, [load] * 8 + [encode(Opcode.END)])
+    await tb.start(PROG_ADDR, 9)
+    await ClockCycles(dut.clk, 30)
+    await tb.write_reg(Reg.CONTROL, Control.START)
+    await tb.wait_irq(10_000)
+    outcome = await tb.outcome()
+    assert outcome.error_code == ErrorCode.START_BUSY, outcome
+    assert 1 <= outcome.error_pc < 9, outcome
+
+    write_program(tb, [encode(Opcode.END)])
+    outcome = await tb.run_program(PROG_ADDR, 1, timeout_cycles=1_000)
+    assert outcome.done, outcome
