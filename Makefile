@@ -9,7 +9,7 @@ CONFIG  ?= 8x8
 JOBS    ?= auto
 STAMP   := $(VENV)/.installed
 
-.PHONY: all venv icarus sim demo test test-full verilog lint trace clean distclean help
+.PHONY: all venv icarus sim demo test test-full formal verilog lint trace clean distclean help
 
 all: test
 
@@ -21,6 +21,7 @@ help:
 	@echo "make lint CONFIG=RxC     verilator --lint-only on that Verilog"
 	@echo "make trace               the seeds' 2x2 trace, simulated"
 	@echo "make demo                the digits CNN on the NPU under Verilator -> docs/demo.md"
+	@echo "make formal              bounded formal proofs of PE, array and DMA (formal/)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,9 @@ test: venv
 
 test-full: venv
 	NPU_FULL=1 $(PY) -m pytest -n $(JOBS) -q
+
+formal: venv
+	$(PY) -m formal
 
 verilog: venv
 	@mkdir -p build

@@ -30,7 +30,10 @@ class SystolicArray(wiring.Component):
     Weights: each ``weight`` transfer shifts one row of C weights into the top of the shadow
     registers and moves the others one row south, so after R transfers (weight row ``R-1``
     first, row ``0`` last) the shadow registers hold the tile. The first activation with
-    ``commit`` set makes them active, on its own wavefront.
+    ``commit`` set makes them active, on its own wavefront. PE(i, j) copies its shadow weight
+    ``i + j`` cycles after that row is accepted, so no ``weight`` transfer may happen in the
+    ``rows + cols - 2`` cycles after a committing row (the controller keeps this: a
+    ``MATMUL`` waits for its last result; the formal proof in ``formal/`` assumes it).
 
     Parameters
     ----------
