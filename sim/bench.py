@@ -1,28 +1,44 @@
 """The cocotb test bench of the NPU top level: DRAM, host and clock around the DUT.
 
 In the shape of cocotbext-axi's and taxi's benches: a :class:`TB` owns the clock, the reset
-and the bus models (cocotbext-axi's slave models as DRAM on ``m_axi_*``, ``AxiLiteMaster`` as the host on
-``s_axil_*``), and the tests are plain ``async def`` functions that use it.
+and the bus models (cocotbext-axi's slave models as DRAM on ``m_axi_*``, ``AxiLiteMaster`` as
+the host on ``s_axil_*``), and the tests are plain ``async def`` functions that use it.
+
+Three things every test gets for free:
+
+* the AXI4 protocol checker built into the simulated top level (:mod:`sim.axi_checker`) is
+  watched by :class:`AxiCheck`, and its first violation fails the test with a clear message;
+* with ``NPU_BACKPRESSURE=<seed>`` in the environment, :class:`Backpressure` pauses all five
+  AXI4 channels of the DRAM and all five AXI4-Lite channels of the host at random, and the
+  DRAM answers with random latency; results must stay bit-exact;
+* the DRAM (:class:`Dram`) answers a beat outside its size SLVERR, can be told to answer
+  chosen addresses SLVERR or DECERR (:meth:`Dram.inject_fault`), and can log every write.
 """
 
 import json
 import logging
 import os
+import random
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
-from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiSlaveRead, AxiSlaveWrite
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, SimTimeoutError, with_timeout
+from cocotbext.axi import (AxiBus, AxiLiteBus, AxiLiteMaster, AxiResp, AxiSlaveRead,
+                           AxiSlaveWrite)
 from cocotbext.axi.memory import Memory
 
 from hw.config import NPUConfig
 from hw.isa import MAGIC, Control, ErrorCode, Reg, Status
+from .axi_checker import RULE_TEXT, Rule
 
 
-__all__ = ["TB", "Dram", "ProgramOutcome", "config_from_env"]
+__all__ = ["TB", "Dram", "AxiCheck", "Backpressure", "ProgramOutcome", "ProgramHang",
+           "config_from_env", "backpressure_from_env"]
 
 
 CLOCK_NS = 10
+#: The poison a faulted read beat carries instead of data.
+FAULT_POISON = 0xEE
 
 
 def config_from_env():
@@ -30,19 +46,136 @@ def config_from_env():
     return NPUConfig(**json.loads(os.environ["NPU_CONFIG"]))
 
 
+def backpressure_from_env():
+    """The seed in ``NPU_BACKPRESSURE``, or ``None`` when it is unset or empty."""
+    value = os.environ.get("NPU_BACKPRESSURE", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value, 0)
+    except ValueError:
+        raise ValueError(f"NPU_BACKPRESSURE must be an integer seed, not {value!r}") from None
+
+
+class Backpressure:
+    """Random stalls and latency for the bus models, all drawn from one seed.
+
+    Each channel gets its own pattern: runs of up to ``max_pause`` stalled cycles between
+    runs of free ones, with a share of stalled cycles between 10% and 60% chosen per channel.
+    Bounded runs keep the worst case finite, so a program's cycle count stays bounded too.
+
+    Parameters
+    ----------
+    seed : int
+    max_pause : int
+        Longest run of cycles a channel stays paused.
+    max_latency : int
+        Longest extra delay before a DRAM read beat or write is carried out.
+    """
+    def __init__(self, seed, *, max_pause=6, max_latency=12):
+        self.seed = seed
+        self.max_pause = max_pause
+        self.max_latency = max_latency
+        self._latency_rng = random.Random(f"{seed}/latency")
+
+    def pauses(self, channel):
+        """An endless pause generator for ``channel`` (a name: the seed of its pattern)."""
+        rng = random.Random(f"{self.seed}/{channel}")
+        stalled_share = rng.uniform(0.1, 0.6)
+        mean_pause = (1 + self.max_pause) / 2
+        mean_free = mean_pause * (1 - stalled_share) / stalled_share
+        while True:
+            # At least one free cycle between pauses, so no stall lasts past max_pause.
+            for _ in range(rng.randint(1, max(1, int(2 * mean_free)))):
+                yield False
+            for _ in range(rng.randint(1, self.max_pause)):
+                yield True
+
+    def latency(self):
+        """Extra cycles before the DRAM carries out an access: none three times out of four."""
+        if self._latency_rng.random() < 0.75:
+            return 0
+        return self._latency_rng.randint(1, self.max_latency)
+
+    def apply(self, dram, host):
+        """Pause all five AXI4 channels of ``dram`` and all five of the AXI4-Lite ``host``."""
+        dram.latency = self.latency
+        channels = {
+            "dram.aw": dram.write_if.aw_channel, "dram.w": dram.write_if.w_channel,
+            "dram.b": dram.write_if.b_channel, "dram.ar": dram.read_if.ar_channel,
+            "dram.r": dram.read_if.r_channel,
+            "host.aw": host.write_if.aw_channel, "host.w": host.write_if.w_channel,
+            "host.b": host.write_if.b_channel, "host.ar": host.read_if.ar_channel,
+            "host.r": host.read_if.r_channel,
+        }
+        for name, channel in channels.items():
+            channel.set_pause_generator(self.pauses(name))
+
+
+def _overlaps(ranges, address, length):
+    for start, end, resp in ranges:
+        if address < end and start < address + length:
+            return resp
+    return None
+
+
 class _DramRead(AxiSlaveRead):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The library answers a beat whose read raises SLVERR; a fault chosen by the test may
+        # also be DECERR, so the response of the beat being sent is set here.
+        self._beat_resp = None
+        send = self.r_channel.send
+
+        async def send_with_resp(beat):
+            if self._beat_resp is not None:
+                beat.rresp = self._beat_resp
+                self._beat_resp = None
+            await send(beat)
+        self.r_channel.send = send_with_resp
+
     async def _read(self, address, length):
-        # cocotbext-axi answers SLVERR for a beat whose read raises.
-        if address + length > self.target.size:
+        dram = self.target
+        delay = dram.latency()
+        if delay:
+            await ClockCycles(self.clock, delay)
+        if address + length > dram.size:
+            # cocotbext-axi answers SLVERR for a beat whose read raises.
             raise IndexError(f"read of {length} bytes at {address:#x} is outside DRAM")
-        return self.target.read(address, length)
+        resp = _overlaps(dram.read_faults, address, length)
+        if resp is not None:
+            self._beat_resp = resp
+            return bytes([FAULT_POISON]) * length
+        return dram.read(address, length)
 
 
 class _DramWrite(AxiSlaveWrite):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._burst_resp = None
+        send = self.b_channel.send
+
+        async def send_with_resp(response):
+            if self._burst_resp is not None:
+                response.bresp = self._burst_resp
+                self._burst_resp = None
+            await send(response)
+        self.b_channel.send = send_with_resp
+
     async def _write(self, address, data):
-        if address + len(data) > self.target.size:
+        dram = self.target
+        delay = dram.latency()
+        if delay:
+            await ClockCycles(self.clock, delay)
+        if address + len(data) > dram.size:
             raise IndexError(f"write of {len(data)} bytes at {address:#x} is outside DRAM")
-        self.target.write(address, data)
+        resp = _overlaps(dram.write_faults, address, len(data))
+        if resp is not None:
+            self._burst_resp = resp
+            return
+        if dram.writes is not None:
+            dram.writes.append((address, len(data)))
+        dram.write(address, data)
 
 
 class Dram(Memory):
@@ -50,11 +183,99 @@ class Dram(Memory):
 
     Unlike ``AxiRam``, which wraps addresses around its size, a beat outside the DRAM is
     answered SLVERR, as a real interconnect answers an unmapped address with an error.
+
+    Attributes
+    ----------
+    read_faults, write_faults : list of ``(start, end, AxiResp)``
+        Byte ranges ``[start, end)``: a read beat that touches one is answered with that
+        response (and carries poison instead of data); a write beat that touches one is not
+        written, and its burst is answered with that response.
+    writes : list of ``(address, length)`` or None
+        Every write carried out, in order, once :meth:`record_writes` was called.
+    latency : callable
+        Extra cycles before each access (none unless back-pressure is on).
     """
     def __init__(self, bus, clock, reset, size):
         super().__init__(size)
+        self.read_faults = []
+        self.write_faults = []
+        self.writes = None
+        self.latency = lambda: 0
         self.write_if = _DramWrite(bus.write, clock, reset, target=self)
         self.read_if = _DramRead(bus.read, clock, reset, target=self)
+
+    def inject_fault(self, start, end, *, read=False, write=False, resp=AxiResp.SLVERR):
+        """Answer reads and/or writes that touch ``[start, end)`` with ``resp``."""
+        resp = AxiResp(resp)
+        if resp not in (AxiResp.SLVERR, AxiResp.DECERR):
+            raise ValueError(f"resp must be SLVERR or DECERR, not {resp!r}")
+        if not read and not write:
+            raise ValueError("inject_fault needs read=True, write=True or both")
+        if read:
+            self.read_faults.append((start, end, resp))
+        if write:
+            self.write_faults.append((start, end, resp))
+
+    def clear_faults(self):
+        self.read_faults.clear()
+        self.write_faults.clear()
+
+    def record_writes(self):
+        """Start (or restart) the log of writes in :attr:`writes`."""
+        self.writes = []
+
+
+class AxiCheck:
+    """The report of the AXI4 protocol checker in the simulated top level.
+
+    A task sleeps on ``axi_check_error`` and fails the test with the checker's first
+    violation; :meth:`assert_clean` checks the same at a point of the test's choosing.
+    """
+    def __init__(self, dut):
+        self.dut = dut
+        self._task = cocotb.start_soon(self._watch())
+
+    def _reported(self):
+        # Before the first reset Icarus holds the report at X: that is no violation.
+        value = self.dut.axi_check_error.value
+        return value.is_resolvable and int(value) == 1
+
+    def violation(self):
+        """The checker's first violation as a sentence, or ``None``."""
+        if not self._reported():
+            return None
+        rule = Rule(int(self.dut.axi_check_rule.value))
+        addr = int(self.dut.axi_check_addr.value)
+        cycle = int(self.dut.axi_check_cycle.value)
+        return (f"AXI4 protocol violation on m_axi, {rule.name}: {RULE_TEXT[rule]} "
+                f"(burst address {addr:#010x}, cycle {cycle} after reset, "
+                f"{cycle * CLOCK_NS} ns; WAVES=1 writes the waveform)")
+
+    def assert_clean(self):
+        message = self.violation()
+        assert message is None, message
+
+    def stop(self):
+        """Stop failing the test on a violation (for tests that provoke one)."""
+        self._task.cancel()
+
+    async def wait_violation(self, timeout_cycles=None):
+        """Sleep until the checker reports a violation; return its sentence.
+
+        Returns in the read-only phase of that time step (the report's other signals settle
+        with ``axi_check_error``), so the caller awaits a clock edge before driving anything.
+        """
+        while not self._reported():
+            edge = RisingEdge(self.dut.axi_check_error)
+            if timeout_cycles is None:
+                await edge
+            else:
+                await with_timeout(edge, timeout_cycles * CLOCK_NS, "ns")
+            await ReadOnly()
+        return self.violation()
+
+    async def _watch(self):
+        raise AssertionError(await self.wait_violation())
 
 
 class ProgramOutcome:
@@ -78,16 +299,22 @@ class ProgramOutcome:
                 f"error_pc={self.error_pc}, cycles={self.cycles})")
 
 
+class ProgramHang(AssertionError):
+    """A program did not raise the interrupt within its bound of cycles."""
+
+
 class TB:
     """Clock, reset, DRAM and host around the NPU top level.
 
     Parameters
     ----------
-    dut : cocotb handle of ``npu_top``
+    dut : cocotb handle of the simulated top level (``sim.runner.TOPLEVEL``)
     dram_size : int
-        Bytes of DRAM behind the AXI4 master; accesses beyond it are answered DECERR.
+        Bytes of DRAM behind the AXI4 master; accesses beyond it are answered SLVERR.
+    backpressure : int, optional
+        Seed of :class:`Backpressure`; by default ``NPU_BACKPRESSURE`` (unset: none).
     """
-    def __init__(self, dut, dram_size):
+    def __init__(self, dut, dram_size, *, backpressure=None):
         self.dut = dut
         self.config = config_from_env()
         self.log = logging.getLogger("cocotb.tb")
@@ -98,6 +325,19 @@ class TB:
         self.clock.start()
         self.dram = Dram(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=dram_size)
         self.host = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
+        # The models log every burst at INFO and every faulted beat as a warning: thousands
+        # of GEMMs and random programs would fill the log and slow the simulation down.
+        for model in (self.dram.write_if, self.dram.read_if, self.host.write_if,
+                      self.host.read_if):
+            model.log.setLevel(logging.ERROR)
+        if backpressure is None:
+            backpressure = backpressure_from_env()
+        self.backpressure = None
+        if backpressure is not None:
+            self.backpressure = Backpressure(backpressure)
+            self.backpressure.apply(self.dram, self.host)
+            self.log.info("back-pressure on, seed %d", backpressure)
+        self.axi_check = AxiCheck(dut)
 
     async def reset(self):
         self.dut.rst.value = 1
@@ -119,9 +359,20 @@ class TB:
         await self.write_reg(Reg.CONTROL, Control.START)
 
     async def wait_irq(self, timeout_cycles):
-        """Sleep until the interrupt; Python does nothing while the hardware runs."""
-        if not self.dut.irq.value:
+        """Sleep until the interrupt; Python does nothing while the hardware runs.
+
+        Raises :class:`ProgramHang`, with STATUS and PC, if it does not come within
+        ``timeout_cycles``.
+        """
+        if self.dut.irq.value:
+            return
+        try:
             await with_timeout(RisingEdge(self.dut.irq), timeout_cycles * CLOCK_NS, "ns")
+        except SimTimeoutError:
+            status = await self.read_reg(Reg.STATUS)
+            pc = await self.read_reg(Reg.PC)
+            raise ProgramHang(f"no interrupt within {timeout_cycles} cycles: STATUS "
+                              f"{status:#x}, PC {pc}") from None
 
     async def outcome(self):
         status = await self.read_reg(Reg.STATUS)
@@ -129,6 +380,7 @@ class TB:
         pc = await self.read_reg(Reg.PC)
         cycles = await self.read_reg(Reg.CYCLES_LO)
         cycles |= (await self.read_reg(Reg.CYCLES_HI)) << 32
+        self.axi_check.assert_clean()
         return ProgramOutcome(status, error_pc, pc, cycles)
 
     async def run_program(self, prog_addr, prog_len, timeout_cycles=10_000_000):

@@ -11,7 +11,7 @@ from pathlib import Path
 import cocotb
 import numpy as np
 
-from .bench import TB
+from .bench import TB, ProgramHang
 
 
 @cocotb.test()
@@ -26,8 +26,12 @@ async def run_job(dut):
     results = []
     for index, (program, image) in enumerate(zip(spec["programs"], images)):
         tb.dram.write(0, image.tobytes() + bytes(dram_size - len(image)))
-        timeout = spec["timeout_cycles"] or 50 * len(image) + 10_000_000
-        outcome = await tb.run_program(program["prog_addr"], program["prog_len"], timeout)
+        timeout = program["timeout_cycles"] or 50 * len(image) + 10_000_000
+        try:
+            outcome = await tb.run_program(program["prog_addr"], program["prog_len"], timeout)
+        except ProgramHang as hang:
+            raise ProgramHang(f"program {index} of {len(images)} (at {program['prog_addr']:#x}, "
+                              f"length {program['prog_len']}): {hang}") from None
         np.save(job / f"dram_out_{index}.npy",
                 np.frombuffer(tb.dram.read(0, len(image)), dtype=np.uint8))
         results.append({

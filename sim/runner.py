@@ -1,8 +1,10 @@
 """Building the NPU's Verilog for a simulator (cached) and running cocotb benches on it.
 
-Builds live in ``build/sim/<simulator>/<config>-<hash>``, where the hash covers the gateware
-sources, so a build is made once per configuration and simulator and reused by every test
-and every driver call until ``hw/`` changes. A file lock lets parallel pytest workers share
+What is simulated is :class:`sim.bench_top.NPUBench`: the NPU with the AXI4 protocol checker
+on its master, so every RTL test and every driver run is checked. Builds live in
+``build/sim/<simulator>/<config>-<hash>``, where the hash covers the gateware sources and the
+checker, so a build is made once per configuration and simulator and reused by every test
+and every driver call until ``hw/`` (or the checker) changes. A file lock lets parallel pytest workers share
 one build instead of racing.
 """
 
@@ -25,7 +27,7 @@ __all__ = ["TOPLEVEL", "PROJECT_ROOT", "BUILD_ROOT", "build", "run_cocotb", "run
            "run_programs"]
 
 
-TOPLEVEL = "npu_top"
+TOPLEVEL = "npu_bench"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = Path(os.environ.get("NPU_BUILD_DIR", PROJECT_ROOT / "build"))
 TIMESCALE = ("1ns", "1ps")
@@ -41,9 +43,15 @@ VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "--x-assign", 
 ICARUS_ARGS = ["-g2005"]
 
 
+#: The simulated gateware besides ``hw/``.
+BENCH_SOURCES = ("sim/axi_checker.py", "sim/bench_top.py")
+
+
 def _gateware_hash():
     digest = hashlib.sha256()
-    for source in sorted((PROJECT_ROOT / "hw").glob("*.py")):
+    sources = sorted((PROJECT_ROOT / "hw").glob("*.py"))
+    sources += [PROJECT_ROOT / name for name in BENCH_SOURCES]
+    for source in sources:
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
@@ -70,7 +78,7 @@ def build(config, sim):
     Returns the build directory.
     """
     from cocotb_tools.runner import get_runner
-    from hw.top import generate_verilog
+    from .bench_top import generate_bench_verilog
 
     setup(sim)
     build_dir = _build_dir(config, sim)
@@ -80,7 +88,7 @@ def build(config, sim):
             return build_dir
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / f"{TOPLEVEL}.v"
-        source.write_text(generate_verilog(config, name=TOPLEVEL))
+        source.write_text(generate_bench_verilog(config, name=TOPLEVEL))
         runner = get_runner(sim)
         runner.build(
             sources=[source],
@@ -121,32 +129,55 @@ def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_
         runs = BUILD_ROOT / "runs"
         runs.mkdir(parents=True, exist_ok=True)
         test_dir = Path(tempfile.mkdtemp(prefix=f"npu-{sim}-", dir=runs))
-    results = runner.test(
-        test_module=test_module,
-        hdl_toplevel=TOPLEVEL,
-        hdl_toplevel_lang="verilog",
-        testcase=testcase,
-        build_dir=build_dir,
-        test_dir=test_dir,
-        extra_env=env,
-        timescale=TIMESCALE if sim == "icarus" else None,
-        waves=waves,
-        log_file=Path(test_dir) / "sim.log",
-    )
+    results = Path(test_dir) / "results.xml"
+    try:
+        runner.test(
+            test_module=test_module,
+            hdl_toplevel=TOPLEVEL,
+            hdl_toplevel_lang="verilog",
+            testcase=testcase,
+            build_dir=build_dir,
+            test_dir=test_dir,
+            results_xml=results,
+            extra_env=env,
+            timescale=TIMESCALE if sim == "icarus" else None,
+            waves=waves,
+            log_file=Path(test_dir) / "sim.log",
+        )
+    except SystemExit as exit:
+        # Under pytest the runner exits on a failed test; the messages are in the results.
+        if not results.exists():
+            raise AssertionError(f"the {sim} simulation ended abnormally (exit status "
+                                 f"{exit.code}); log: {Path(test_dir) / 'sim.log'}") from None
     tests, failures = get_results(results)
     if failures:
+        reasons = "".join(f"\n  {name}: {message}" for name, message in _failures(results))
         raise AssertionError(f"{failures} of {tests} cocotb tests failed under {sim}; "
-                             f"log: {Path(test_dir) / 'sim.log'}")
+                             f"log: {Path(test_dir) / 'sim.log'}{reasons}")
     return Path(test_dir)
+
+
+def _failures(results_xml):
+    """``(test name, message)`` of every failed test in a cocotb results file."""
+    from xml.etree import ElementTree
+    found = []
+    for case in ElementTree.parse(results_xml).getroot().iter("testcase"):
+        for outcome in list(case.iter("failure")) + list(case.iter("error")):
+            found.append((case.get("name"), outcome.get("message") or outcome.text or "?"))
+    return found
 
 
 def run_programs(config, sim, programs, *, timeout_cycles=None):
     """Run several programs, one after the other, in one simulation of the RTL.
 
     Each program is ``(dram, prog_addr, prog_len)``; its ``dram`` (``uint8``) is written into
-    the ``AxiRam`` before it starts (the rest of the RAM is zeroed), the bench starts the NPU
-    over AXI4-Lite, sleeps until the interrupt and reads the status. The NPU is not reset
+    the DRAM model before it starts (the rest of the DRAM is zeroed), the bench starts the
+    NPU over AXI4-Lite, sleeps until the interrupt and reads the status. The NPU is not reset
     between programs, so each one meets the scratchpad and accumulator its predecessor left.
+    ``timeout_cycles`` bounds each program (one number for all, or a list with one per
+    program); a program that does not end within it fails the run, naming the program.
+    ``NPU_BACKPRESSURE=<seed>`` in the environment turns on random back-pressure
+    (:class:`sim.bench.Backpressure`).
     Returns one :class:`sw.backend.RunResult` per program, holding its DRAM after the run.
     """
     from sw.backend import RunResult
@@ -157,12 +188,19 @@ def run_programs(config, sim, programs, *, timeout_cycles=None):
     (BUILD_ROOT / "runs").mkdir(parents=True, exist_ok=True)
     # The job folder is kept when the run fails, so that its log can be read.
     job = Path(tempfile.mkdtemp(prefix=f"npu-job-{sim}-", dir=BUILD_ROOT / "runs"))
+    programs = list(programs)
+    if timeout_cycles is None or isinstance(timeout_cycles, int):
+        timeout_cycles = [timeout_cycles] * len(programs)
+    if len(timeout_cycles) != len(programs):
+        raise ValueError(f"timeout_cycles must give one bound per program ({len(programs)}), "
+                         f"not {len(timeout_cycles)}")
     specs = []
-    for index, (dram, prog_addr, prog_len) in enumerate(programs):
+    for index, ((dram, prog_addr, prog_len), timeout) in enumerate(zip(programs,
+                                                                       timeout_cycles)):
         np.save(job / f"dram_in_{index}.npy", np.ascontiguousarray(dram, dtype=np.uint8))
-        specs.append({"prog_addr": int(prog_addr), "prog_len": int(prog_len)})
-    (job / "job.json").write_text(json.dumps({"programs": specs,
-                                              "timeout_cycles": timeout_cycles}))
+        specs.append({"prog_addr": int(prog_addr), "prog_len": int(prog_len),
+                      "timeout_cycles": None if timeout is None else int(timeout)})
+    (job / "job.json").write_text(json.dumps({"programs": specs}))
     run_cocotb(config, sim, "sim.job", extra_env={"NPU_JOB": str(job)}, test_dir=job)
     results = []
     for index, outcome in enumerate(json.loads((job / "result.json").read_text())):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from hw.config import NPUConfig
-from hw.isa import Opcode
+from hw.isa import ErrorCode, Opcode
+from sim.runner import run_programs as run_rtl_programs
 from sw import codec
 from sw.backend import run_programs
 
@@ -115,3 +116,187 @@ def test_model_matches_rtl(sim, config):
         assert got.instructions == want.instructions, context
         assert np.array_equal(got.dram, want.dram), \
             f"{context}: DRAM differs at {np.flatnonzero(got.dram != want.dram)[:8]}"
+
+
+# ---------------------------------------------------------------------- random words
+# Instruction streams of random 128-bit words: whatever they hold, the controller ends each in
+# done or an error within the cycle bound of tb/cycle_bound.py, exactly as the model does.
+
+ZEROS = 0x3000          # a zeroed block the resynchronising program loads from
+
+
+def _plausible(config, rng, opcode, name):
+    """A value the field could mean for ``opcode``: mostly in range, now and then just past
+    a limit (a memory's last row, a row's width, the end of the DRAM, the top of 4 GiB)."""
+    edge = rng.random() < 0.15
+    if name in ("local_addr", "spad_addr", "acc_addr"):
+        depth = config.acc_depth if name == "acc_addr" or opcode == Opcode.LOAD_ACC \
+            else config.spad_depth
+        return depth - int(rng.integers(0, 3)) if edge else int(rng.integers(0, depth // 2))
+    if name == "rows":
+        return int(rng.integers(0, 3)) if edge else int(rng.integers(1, 9))
+    if name == "row_bytes":
+        width = {Opcode.LOAD_SPAD: config.spad_row_bytes, Opcode.STORE_Q: config.cols}.get(
+            opcode, config.acc_row_bytes)
+        value = int(rng.integers(1, width + 1))
+        if opcode in (Opcode.STORE, Opcode.LOAD_QUANT) and not edge:
+            value = 4 * -(-value // 4)
+        return width + int(rng.integers(0, 5)) if edge else value
+    if name == "dram_addr":
+        if edge:
+            return int(rng.choice([DRAM_SIZE - int(rng.integers(0, 24)),
+                                   (1 << 32) - int(rng.integers(1, 64))]))
+        return int(rng.integers(DATA, DRAM_SIZE - 0x200))
+    if name == "dram_stride":
+        return int(rng.choice([0x1000_0000, 0x8000_0000])) if edge \
+            else int(rng.integers(0, 48))
+    if name == "zero_point":
+        return int(rng.integers(-130, 130)) if edge else int(rng.integers(-128, 128))
+    if name == "act_min":
+        return int(rng.integers(-128, 128)) if edge else int(rng.integers(-128, 0))
+    if name == "act_max":
+        return int(rng.integers(-128, 128)) if edge else int(rng.integers(0, 128))
+    return int(rng.integers(0, 2))
+
+
+def random_word(config, rng):
+    """Random bits; half the time with a legal opcode, and then mostly with operands that
+    pass some or all of the checks, so that instructions get past decode and move data."""
+    word = int.from_bytes(rng.bytes(16), "little")
+    if rng.random() < 0.3:
+        return word
+    opcode = Opcode(int(rng.choice([op.value for op in Opcode])))
+    word = (word & ~0xFF) | opcode.value
+    if rng.random() < 0.2:
+        return word
+    for spec in codec.FIELDS[opcode]:
+        if rng.random() < 0.9:
+            value = _plausible(config, rng, opcode, spec.name) & spec.mask
+            word = (word & ~(spec.mask << spec.offset)) | (value << spec.offset)
+    return word
+
+
+def resync_program(config):
+    """Zero every scratchpad and accumulator row, in the RTL and the model alike: a load that
+    fails part-way leaves rows that the model does not (they are not part of the contract)."""
+    return [codec.encode(Opcode.LOAD_SPAD, local_addr=0, rows=config.spad_depth,
+                         row_bytes=config.spad_row_bytes, dram_addr=ZEROS, dram_stride=0),
+            codec.encode(Opcode.LOAD_ACC, local_addr=0, rows=config.acc_depth,
+                         row_bytes=config.acc_row_bytes, dram_addr=ZEROS, dram_stride=0),
+            codec.encode(Opcode.END)]
+
+
+def _image(config, rng, words):
+    dram = dram_image(config, rng, [codec.encode(Opcode.END)])
+    dram[ZEROS:ZEROS + 0x200] = 0
+    program = codec.pack_words(words)
+    dram[PROG_ADDR:PROG_ADDR + len(program)] = np.frombuffer(program, np.uint8)
+    return dram
+
+
+def _word_at(dram, pc):
+    start = PROG_ADDR + 16 * pc
+    return int.from_bytes(dram[start:start + 16].tobytes(), "little")
+
+
+def _store_block(word):
+    """``[start, end)`` of the DRAM a store may have written before it failed."""
+    _, fields = codec.decode(word)
+    end = fields["dram_addr"] + (fields["rows"] - 1) * fields["dram_stride"] + \
+        fields["row_bytes"]
+    return fields["dram_addr"], min(end, DRAM_SIZE)
+
+
+DIFFERENTIAL_CONFIGS = [NPUConfig(rows=2, cols=3, spad_depth=32, acc_depth=16, bus_width=32),
+                        NPUConfig(rows=4, cols=4, spad_depth=64, acc_depth=16, bus_width=128)]
+# (simulator, config index, back-pressure seed); the second group runs with NPU_FULL=1.
+RANDOM_WORD_CASES = [("verilator", 0, None), ("icarus", 1, None)]
+RANDOM_WORD_FULL_CASES = [("verilator", 1, None), ("verilator", 0, 3), ("verilator", 1, 4),
+                          ("icarus", 0, None), ("icarus", 1, 5)]
+if os.environ.get("NPU_FULL") == "1":
+    RANDOM_WORD_CASES += RANDOM_WORD_FULL_CASES
+
+
+@pytest.mark.parametrize("sim, config_index, backpressure", RANDOM_WORD_CASES,
+                         ids=[f"{sim}-{DIFFERENTIAL_CONFIGS[index].name}"
+                              f"-bus{DIFFERENTIAL_CONFIGS[index].bus_width}"
+                              + (f"-bp{bp}" if bp is not None else "")
+                              for sim, index, bp in RANDOM_WORD_CASES])
+def test_random_words(sim, config_index, backpressure, monkeypatch, request):
+    """Random 128-bit words never hang the controller: every program ends in done or an
+    error within its cycle bound, with the model's outcome and the model's DRAM."""
+    from cycle_bound import WAIT, WAIT_BACKPRESSURE, instruction_bound, program_bound
+    from sw.model import ModelNPU
+
+    config = DIFFERENTIAL_CONFIGS[config_index]
+    seed = BASE_SEED + 1000 + 10 * config_index + (sim == "icarus") + \
+        100 * (backpressure or 0)
+    print(f"seed {seed}")
+    full = " NPU_FULL=1" if (sim, config_index, backpressure) in RANDOM_WORD_FULL_CASES else ""
+    command = (f"NPU_SEED={BASE_SEED}{full} .venv/bin/pytest "
+               f"'tb/test_differential.py::{request.node.name}'")
+    if backpressure is not None:
+        monkeypatch.setenv("NPU_BACKPRESSURE", str(backpressure))
+    wait = WAIT if backpressure is None else WAIT_BACKPRESSURE
+    rng = np.random.default_rng(seed)
+    count = {"verilator": 300, "icarus": 60}[sim]
+
+    # The model runs first. After a program that failed part-way through a load, a program
+    # that zeroes the local memories follows, so that both sides start the next one alike.
+    model = ModelNPU(config)
+    programs, wants, bounds, listings = [], [], [], []
+
+    def add(dram, prog_len, words):
+        want = model.run(dram, PROG_ADDR, prog_len, reset=not programs)
+        fetched = min(prog_len, len(words) + 1)
+        words_fetched = [_word_at(want.dram, pc) for pc in range(fetched)]
+        if words_fetched != (words + [0])[:fetched]:
+            # The program stored over itself: any word may have been fetched.
+            longest = max(instruction_bound(config, word, wait)
+                          for word in words + words_fetched)
+            bound = (fetched + 1) * longest
+        else:
+            bound = program_bound(config, words_fetched, wait) + \
+                instruction_bound(config, 0, wait)
+        programs.append((dram, PROG_ADDR, prog_len))
+        wants.append(want)
+        bounds.append(bound)
+        listings.append(words)
+        return want
+
+    for _ in range(count):
+        words = [random_word(config, rng) for _ in range(int(rng.integers(1, 17)))]
+        if rng.random() < 0.5:
+            words.append(codec.encode(Opcode.END))
+        prog_len = int(rng.choice([len(words), int(rng.integers(0, len(words) + 3))]))
+        want = add(_image(config, rng, words), prog_len, words)
+        if want.error_code == ErrorCode.BUS_READ and want.error_pc < prog_len and \
+                codec.decode(_word_at(want.dram, want.error_pc))[0] in (Opcode.LOAD_SPAD,
+                                                                        Opcode.LOAD_ACC):
+            resync = resync_program(config)
+            add(_image(config, rng, resync), len(resync), resync)
+
+    try:
+        rtl = run_rtl_programs(config, sim, programs,
+                               timeout_cycles=[bound + 200 for bound in bounds])
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nreproduce: {command}") from None
+    ratios = []
+    for index, (words, want, got, bound) in enumerate(zip(listings, wants, rtl, bounds)):
+        context = (f"program {index} (seed {seed}, {sim}, {config.name}): "
+                   f"{[hex(word) for word in words]}\nreproduce: {command}")
+        assert (got.done, got.error_code, got.error_pc) == \
+            (want.done, want.error_code, want.error_pc), \
+            f"{context}\nRTL {got.error_code.name} at {got.error_pc}, model " \
+            f"{want.error_code.name} at {want.error_pc}"
+        assert got.cycles <= bound, f"{context}: {got.cycles} cycles, bound {bound}"
+        ratios.append(got.cycles / bound)
+        differs = got.dram != want.dram
+        if want.error_code == ErrorCode.BUS_WRITE:
+            start, end = _store_block(_word_at(want.dram, want.error_pc))
+            differs[start:end] = False
+        assert not differs.any(), f"{context}: DRAM differs at {np.flatnonzero(differs)[:8]}"
+    outcomes = [want.error_code.name for want in wants]
+    print(f"{len(programs)} programs: " + ", ".join(
+        f"{name} {outcomes.count(name)}" for name in sorted(set(outcomes))) +
+        f"; cycles at most {max(ratios):.0%} of the bound")
