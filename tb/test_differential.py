@@ -289,6 +289,7 @@ def test_random_words(sim, config_index, backpressure, monkeypatch, request):
             (want.done, want.error_code, want.error_pc), \
             f"{context}\nRTL {got.error_code.name} at {got.error_pc}, model " \
             f"{want.error_code.name} at {want.error_pc}"
+        assert got.instructions == want.instructions, context
         assert got.cycles <= bound, f"{context}: {got.cycles} cycles, bound {bound}"
         ratios.append(got.cycles / bound)
         differs = got.dram != want.dram
