@@ -5,6 +5,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AXI4LiteSignature, Resp
+from .controller import PerfCounters
 from .isa import MAGIC, VERSION, Reg
 
 
@@ -34,6 +35,9 @@ class HostInterface(wiring.Component):
     error_code : In(8)
     error_pc, pc : In(32)
     cycles : In(64)
+    perf : In(PerfCounters)
+    read_bytes, write_bytes : In(32)
+        The performance counters (``Reg.PERF_*``).
     """
     def __init__(self, config):
         self.config = config
@@ -50,6 +54,9 @@ class HostInterface(wiring.Component):
             "error_pc":   In(32),
             "pc":         In(32),
             "cycles":     In(64),
+            "perf":       In(PerfCounters),
+            "read_bytes": In(32),
+            "write_bytes": In(32),
         })
 
     def elaborate(self, platform):
@@ -115,6 +122,15 @@ class HostInterface(wiring.Component):
                 Reg.PROG_LEN:   self.prog_len,
                 Reg.CYCLES_LO:  self.cycles[:32],
                 Reg.CYCLES_HI:  self.cycles[32:],
+                Reg.PERF_ARRAY_ROWS:   self.perf.array_rows,
+                Reg.PERF_USEFUL_MACS:  self.perf.useful_macs,
+                Reg.PERF_STALL_FETCH:  self.perf.stall_fetch,
+                Reg.PERF_STALL_LOAD:   self.perf.stall_load,
+                Reg.PERF_STALL_STORE:  self.perf.stall_store,
+                Reg.PERF_STALL_ARRAY:  self.perf.stall_array,
+                Reg.PERF_INSTRUCTIONS: self.perf.instructions,
+                Reg.PERF_READ_BYTES:   self.read_bytes,
+                Reg.PERF_WRITE_BYTES:  self.write_bytes,
             }
             with m.Switch(bus.araddr[2:8]):
                 for offset, value in registers.items():

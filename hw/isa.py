@@ -13,7 +13,7 @@ from amaranth.lib import data, enum
 
 __all__ = [
     "Opcode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
-    "INSTR_BITS", "INSTR_BYTES", "ErrorCode", "Reg", "MAGIC", "VERSION",
+    "INSTR_BITS", "INSTR_BYTES", "OPTIONAL_FIELDS", "ErrorCode", "Reg", "MAGIC", "VERSION",
     "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
 ]
 
@@ -79,11 +79,18 @@ class PreloadArgs(data.Struct):
 class MatmulArgs(data.Struct):
     """``MATMUL``: for ``0 <= t < rows``, activation row ``spad[spad_addr + t]`` (lanes
     ``0..R-1``) times the weights gives C INT32 results that overwrite (``accumulate = 0``)
-    or add to (``accumulate = 1``) accumulator row ``acc_addr + t``."""
+    or add to (``accumulate = 1``) accumulator row ``acc_addr + t``.
+
+    ``k_width`` and ``n_width`` (0 meaning R and C) say how many activation lanes and weight
+    columns hold real operands, for the ``PERF_USEFUL_MACS`` counter; they change nothing
+    else, and more than R or C is ``BAD_LENGTH``. They may be left out of :func:`encode`.
+    """
     spad_addr:  16
     acc_addr:   16
     rows:       16
     accumulate: 1
+    k_width:    9
+    n_width:    9
 
 
 class Arguments(data.Union):
@@ -118,6 +125,10 @@ _ARG_FIELD = {
 }
 
 
+#: Fields that :func:`encode` (and :func:`sw.codec.encode`) set to 0 when they are left out.
+OPTIONAL_FIELDS = frozenset({"k_width", "n_width"})
+
+
 def argument_layout(opcode):
     """The :class:`data.StructLayout` of ``opcode``'s operands, or ``None`` if it has none."""
     opcode = Opcode(opcode)
@@ -137,6 +148,7 @@ def encode(opcode, **fields):
     if opcode in _ARG_FIELD:
         layout = argument_layout(opcode)
         names = {name for name, _ in layout}
+        fields = {**{name: 0 for name in names & OPTIONAL_FIELDS}, **fields}
         if set(fields) != names:
             raise ValueError(f"{opcode.name} takes the fields {sorted(names)}, "
                              f"not {sorted(fields)}")
@@ -190,7 +202,7 @@ class ErrorCode(enum.Enum, shape=8):
 
 
 MAGIC = 0x4E505538      # "NPU8"
-VERSION = 0x0001_0100   # major 1, minor 1: LOAD_QUANT and STORE_Q
+VERSION = 0x0001_0200   # major 1, minor 2: overlapped units, performance counters
 
 
 class Reg(enum.IntEnum):
@@ -209,6 +221,16 @@ class Reg(enum.IntEnum):
     PROG_LEN   = 0x34  #: RW  maximum number of instructions in the program
     CYCLES_LO  = 0x38  #: RO  cycles from start to done or error, low word
     CYCLES_HI  = 0x3C  #: RO  the same, high word
+    # Performance counters, cleared at start, 32 bits each (they wrap):
+    PERF_ARRAY_ROWS   = 0x40  #: RO  activation rows streamed into the array
+    PERF_USEFUL_MACS  = 0x44  #: RO  MACs on real operands (rows x k_width x n_width)
+    PERF_STALL_FETCH  = 0x48  #: RO  issue cycles waiting for instruction fetch
+    PERF_STALL_LOAD   = 0x4C  #: RO  issue cycles waiting for the load unit
+    PERF_STALL_STORE  = 0x50  #: RO  issue cycles waiting for the store unit
+    PERF_STALL_ARRAY  = 0x54  #: RO  issue cycles waiting for the array (dependency)
+    PERF_INSTRUCTIONS = 0x58  #: RO  instructions issued, END included
+    PERF_READ_BYTES   = 0x5C  #: RO  bytes read on the AXI4 master (R beats x bus bytes)
+    PERF_WRITE_BYTES  = 0x60  #: RO  bytes written on the AXI4 master (W beats x bus bytes)
 
 
 class Status:

@@ -17,10 +17,20 @@ class Mesh(wiring.Component):
     at the north edge as zero and move south; shadow weights enter at the north edge and shift
     south. The mesh has no skew or alignment of its own (see :class:`SystolicArray`).
 
+    With ``mac_pipeline = L`` (see :class:`PE`) each PE adds its product ``L`` cycles after
+    it saw the activation, so the activation must reach it ``L`` cycles earlier than in the
+    plain array: the first ``L + 1`` columns all take the row's west input, and the
+    east-moving chain starts at column ``L``. Column ``j``'s partial sums then run
+    ``max(j, L) - j`` cycles behind the plain array's, which the alignment in
+    :class:`SystolicArray` absorbs (it has ``C - 1 - j`` registers for column ``j``, so
+    ``L <= C - 1``).
+
     Parameters
     ----------
     rows, cols : int
         R and C.
+    mac_pipeline : int
+        ``L``, the product pipeline of every PE (0: the plain PE).
 
     Attributes
     ----------
@@ -35,11 +45,15 @@ class Mesh(wiring.Component):
     south : Out(ArrayLayout(signed(32), cols))
         Partial sum leaving the bottom PE of each column (registered in that PE).
     """
-    def __init__(self, rows, cols):
+    def __init__(self, rows, cols, *, mac_pipeline=0):
+        if not isinstance(mac_pipeline, int) or not 0 <= mac_pipeline <= max(cols - 1, 0):
+            raise ValueError(f"mac_pipeline must be an integer from 0 to cols - 1 = "
+                             f"{cols - 1}, not {mac_pipeline!r}")
         self.rows = rows
         self.cols = cols
+        self.mac_pipeline = mac_pipeline
         #: The PEs, ``pes[i][j]``; made here so that tests and traces can watch them.
-        self.pes = [[PE() for _ in range(cols)] for _ in range(rows)]
+        self.pes = [[PE(mac_pipeline) for _ in range(cols)] for _ in range(rows)]
         super().__init__({
             "west":         In(data.ArrayLayout(signed(8), rows)),
             "west_commit":  In(data.ArrayLayout(1, rows)),
@@ -56,7 +70,7 @@ class Mesh(wiring.Component):
             for j, pe in enumerate(pe_row):
                 m.submodules[f"pe_{i}_{j}"] = pe
                 m.d.comb += pe.w_shift.eq(self.weight_shift)
-                if j == 0:
+                if j <= self.mac_pipeline:
                     m.d.comb += [
                         pe.a_in.eq(self.west[i]),
                         pe.commit_in.eq(self.west_commit[i]),

@@ -1,11 +1,27 @@
 """One weight-stationary processing element."""
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import ClockSignal, Const, Instance, Module, Mux, ResetSignal, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 
-__all__ = ["PE"]
+__all__ = ["PE", "MAX_MAC_PIPELINE", "mac_pipeline"]
+
+
+#: Deepest product pipeline a PE builds (see :class:`PE`).
+MAX_MAC_PIPELINE = 3
+
+
+def mac_pipeline(platform):
+    """Product pipeline stages the platform asks the PEs for: ``npu_mac_pipeline`` of the
+    platform object, 0 (the plain PE) without one. The FPGA build's platform
+    (``fpga.flow.ECP5Target``) asks for 3, which puts each multiplier on a MULT18X18D with
+    registered inputs and output."""
+    stages = getattr(platform, "npu_mac_pipeline", 0)
+    if not isinstance(stages, int) or not 0 <= stages <= MAX_MAC_PIPELINE:
+        raise ValueError(f"npu_mac_pipeline must be an integer from 0 to {MAX_MAC_PIPELINE}, "
+                         f"not {stages!r}")
+    return stages
 
 
 class PE(wiring.Component):
@@ -21,6 +37,21 @@ class PE(wiring.Component):
     shadow weight and makes it the active one, so the new weights take effect exactly on the
     wavefront of the first activation of the next tile.
 
+    With ``mac_pipeline = L > 0`` the product ``weight * a_in`` of cycle ``x`` passes ``L``
+    registers and is added in cycle ``x + L``: ``psum_out <= psum_in + product`` where
+    ``product`` is ``weight * a_in`` from ``L`` cycles before. That is the form an FPGA DSP
+    block runs fast (``L = 3``: the PE's own ``a_out`` and active-weight flip-flops, then the
+    DSP's input and output registers). :class:`hw.mesh.Mesh` feeds such PEs their
+    activations ``L`` cycles early so that the array's timing stays the same.
+
+    On an ECP5 platform (``platform.family == "ecp5"``) a pipelined PE instantiates a
+    MULT18X18D; anywhere else (simulation) it builds the same registers in plain logic.
+
+    Parameters
+    ----------
+    mac_pipeline : int
+        ``L``, from 0 (the product is added in the cycle it is formed) to 3.
+
     Attributes
     ----------
     a_in : In(signed(8))
@@ -32,7 +63,7 @@ class PE(wiring.Component):
     psum_in : In(signed(32))
         Partial sum from the north.
     psum_out : Out(signed(32))
-        Partial sum to the south: ``psum_in + weight * a_in`` from the previous cycle.
+        Partial sum to the south: ``psum_in`` plus the product due in the previous cycle.
     w_in, w_out : In(signed(8)), Out(signed(8))
         Shadow weight shift chain, north to south.
     w_shift : In(1)
@@ -48,6 +79,14 @@ class PE(wiring.Component):
     w_out: Out(signed(8))
     w_shift: In(1)
 
+    def __init__(self, mac_pipeline=0):
+        if (not isinstance(mac_pipeline, int) or isinstance(mac_pipeline, bool)
+                or not 0 <= mac_pipeline <= MAX_MAC_PIPELINE):
+            raise ValueError(f"mac_pipeline must be an integer from 0 to {MAX_MAC_PIPELINE}, "
+                             f"not {mac_pipeline!r}")
+        self.mac_pipeline = mac_pipeline
+        super().__init__()
+
     def elaborate(self, platform):
         m = Module()
 
@@ -57,11 +96,70 @@ class PE(wiring.Component):
         m.d.sync += [
             self.a_out.eq(self.a_in),
             self.commit_out.eq(self.commit_in),
-            self.psum_out.eq(self.psum_in + weight * self.a_in),
         ]
         with m.If(self.commit_in):
             m.d.sync += active.eq(self.w_out)
         with m.If(self.w_shift):
             m.d.sync += self.w_out.eq(self.w_in)
 
+        if self.mac_pipeline == 0:
+            m.d.sync += self.psum_out.eq(self.psum_in + weight * self.a_in)
+            return m
+
+        # After the edge that ends cycle x, a_out holds a_in(x) and active holds weight(x):
+        # the first product stage is free. The rest are the multiplier's registers.
+        if self.mac_pipeline == 3:
+            operands, stages = (self.a_out, active), 2
+        else:
+            operands, stages = (self.a_in, weight), self.mac_pipeline
+        product = Signal(signed(16))
+        if getattr(platform, "family", None) == "ecp5":
+            _mult18x18d(m, *operands, product, registered_inputs=(stages == 2))
+        else:
+            value = operands[0] * operands[1]
+            for stage in range(stages - 1):
+                registered = Signal(signed(16), name=f"product_stage_{stage}")
+                m.d.sync += registered.eq(value)
+                value = registered
+            m.d.sync += product.eq(value)
+        m.d.sync += self.psum_out.eq(self.psum_in + product)
         return m
+
+
+def _mult18x18d(m, a, b, product, *, registered_inputs):
+    """``product`` <= ``a * b`` (signed) on an ECP5 MULT18X18D: output register, and input
+    registers when ``registered_inputs``. Its registers share the ``sync`` clock and reset
+    (synchronous); they hold only values in flight, never state, so a reset that reaches the
+    fabric but not them (``ResetInserter``) leaves at most two cycles of stale products, which
+    the array's result-valid chain marks invalid."""
+    def sign_extend(value):
+        return [value[min(bit, len(value) - 1)] for bit in range(18)]
+
+    clock = "CLK0" if registered_inputs else "NONE"
+    ports = {
+        "i_SIGNEDA": Const(1), "i_SIGNEDB": Const(1),
+        "i_SOURCEA": Const(0), "i_SOURCEB": Const(0),
+        "i_CLK0": ClockSignal("sync"), "i_CE0": Const(1), "i_RST0": ResetSignal("sync"),
+    }
+    for name in ("CLK", "CE", "RST"):
+        for index in (1, 2, 3):
+            ports[f"i_{name}{index}"] = Const(0)
+    for bit, (a_bit, b_bit) in enumerate(zip(sign_extend(a), sign_extend(b))):
+        ports[f"i_A{bit}"] = a_bit
+        ports[f"i_B{bit}"] = b_bit
+        ports[f"i_C{bit}"] = Const(0)
+    for bit in range(len(product)):
+        ports[f"o_P{bit}"] = product[bit]
+    m.submodules.multiplier = Instance(
+        "MULT18X18D",
+        p_REG_INPUTA_CLK=clock, p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
+        p_REG_INPUTB_CLK=clock, p_REG_INPUTB_CE="CE0", p_REG_INPUTB_RST="RST0",
+        p_REG_INPUTC_CLK="NONE",
+        p_REG_PIPELINE_CLK="NONE",
+        p_REG_OUTPUT_CLK="CLK0", p_REG_OUTPUT_CE="CE0", p_REG_OUTPUT_RST="RST0",
+        p_CLK0_DIV="ENABLED", p_CLK1_DIV="ENABLED", p_CLK2_DIV="ENABLED",
+        p_CLK3_DIV="ENABLED", p_HIGHSPEED_CLK="NONE", p_GSR="DISABLED",
+        p_CAS_MATCH_REG="FALSE", p_SOURCEB_MODE="B_SHIFT", p_MULT_BYPASS="DISABLED",
+        p_RESETMODE="SYNC",
+        **ports,
+    )

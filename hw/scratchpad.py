@@ -18,6 +18,9 @@ def ScratchpadSignature(depth, row_bytes):
         "write_addr": In(range(depth)),
         "write_en":   In(1),
         "write_data": In(8 * row_bytes),
+        "weight_addr": In(range(depth)),
+        "weight_en":   In(1),
+        "weight_data": Out(8 * row_bytes),
     })
 
 
@@ -25,7 +28,8 @@ class Scratchpad(wiring.Component):
     """Explicitly addressed SRAM of ``depth`` rows of ``row_bytes`` INT8 values.
 
     There are no tags and no replacement policy (seeds section 2): instructions name rows.
-    One synchronous read port (data in the cycle after ``read_en``) and one write port.
+    Two synchronous read ports (data in the cycle after ``read_en``) and one write port:
+    activations stream out of the first while the next weight tile leaves through the second.
 
     Attributes
     ----------
@@ -36,6 +40,9 @@ class Scratchpad(wiring.Component):
     write_addr : In(range(depth))
     write_en : In(1)
     write_data : In(8 * row_bytes)
+    weight_addr, weight_en : In
+    weight_data : Out(8 * row_bytes)
+        The second read port, as ``read_*``.
     """
     def __init__(self, *, depth, row_bytes):
         self.depth = depth
@@ -47,7 +54,11 @@ class Scratchpad(wiring.Component):
         m.submodules.memory = memory = Memory(shape=8 * self.row_bytes, depth=self.depth, init=[])
         write = memory.write_port()
         read = memory.read_port(domain="sync")
+        weight = memory.read_port(domain="sync")
         m.d.comb += [
+            weight.addr.eq(self.weight_addr),
+            weight.en.eq(self.weight_en),
+            self.weight_data.eq(weight.data),
             write.addr.eq(self.write_addr),
             write.en.eq(self.write_en),
             write.data.eq(self.write_data),

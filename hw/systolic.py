@@ -5,6 +5,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .mesh import Mesh
+from .pe import mac_pipeline
 
 
 __all__ = ["SystolicArray", "ActivationRow"]
@@ -35,10 +36,19 @@ class SystolicArray(wiring.Component):
     ``rows + cols - 2`` cycles after a committing row (the controller keeps this: a
     ``MATMUL`` waits for its last result; the formal proof in ``formal/`` assumes it).
 
+    The PEs may pipeline their products (``mac_pipeline``, see :class:`hw.pe.PE`) without
+    changing any of this: the mesh feeds them earlier and the alignment waits less, so
+    ``act`` to ``result`` stays ``latency`` cycles, cycle for cycle. Only ``south`` (a test
+    port) shows column ``j`` ``max(j, L) - j`` cycles later than in the plain array.
+
     Parameters
     ----------
     rows, cols : int
         R (reduction) and C (output) extent of the array.
+    mac_pipeline : int or None
+        Product pipeline stages of the PEs. ``None`` (the default) asks the platform at
+        elaboration (:func:`hw.pe.mac_pipeline`: 0 without a platform, 3 for the FPGA build),
+        limited to ``cols - 1``, the slack the alignment has.
 
     Attributes
     ----------
@@ -51,15 +61,21 @@ class SystolicArray(wiring.Component):
     south : Out(ArrayLayout(signed(32), cols))
         The mesh's south edge before alignment (for tests and traces).
     """
-    def __init__(self, rows, cols):
+    def __init__(self, rows, cols, *, mac_pipeline=None):
         if not isinstance(rows, int) or rows < 1:
             raise ValueError(f"rows must be a positive integer, not {rows!r}")
         if not isinstance(cols, int) or cols < 1:
             raise ValueError(f"cols must be a positive integer, not {cols!r}")
+        if mac_pipeline is not None and (not isinstance(mac_pipeline, int)
+                                         or not 0 <= mac_pipeline <= cols - 1):
+            raise ValueError(f"mac_pipeline must be None or an integer from 0 to cols - 1 = "
+                             f"{cols - 1}, not {mac_pipeline!r}")
         self.rows = rows
         self.cols = cols
         self.latency = rows + cols - 1
-        self.mesh = Mesh(rows, cols)
+        self.mac_pipeline = mac_pipeline
+        #: The mesh; replaced at elaboration by a pipelined one if the platform asks for it.
+        self.mesh = Mesh(rows, cols, mac_pipeline=mac_pipeline or 0)
         super().__init__({
             "act":    In(stream.Signature(ActivationRow(rows), always_ready=True)),
             "weight": In(stream.Signature(data.ArrayLayout(signed(8), cols),
@@ -71,6 +87,14 @@ class SystolicArray(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        pipeline = self.mac_pipeline
+        if pipeline is None:
+            pipeline = min(mac_pipeline(platform), self.cols - 1)
+        if pipeline != self.mesh.mac_pipeline:
+            # The plain mesh made in __init__ is not used: say so, or Amaranth warns.
+            for block in [self.mesh, *(pe for row in self.mesh.pes for pe in row)]:
+                block._MustUse__silence = True
+            self.mesh = Mesh(self.rows, self.cols, mac_pipeline=pipeline)
         m.submodules.mesh = mesh = self.mesh
 
         # Idle cycles feed zero activations, so nothing but real rows ever reaches a psum.
@@ -98,11 +122,12 @@ class SystolicArray(wiring.Component):
             self.south.eq(mesh.south),
         ]
 
-        # Alignment: column j leaves the mesh j cycles after column 0, so it is delayed by
-        # (cols - 1 - j) registers to let the whole row leave together.
+        # Alignment: column j leaves the mesh j cycles after column 0 (max(j, L) with a
+        # pipelined mesh), so it is delayed by (cols - 1 - j) registers (cols - 1 - max(j, L))
+        # to let the whole row leave together.
         for j in range(self.cols):
             psum = mesh.south[j]
-            for stage in range(self.cols - 1 - j):
+            for stage in range(self.cols - 1 - max(j, pipeline)):
                 psum_next = Signal(signed(32), name=f"align_{j}_{stage}")
                 m.d.sync += psum_next.eq(psum)
                 psum = psum_next

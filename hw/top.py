@@ -83,6 +83,17 @@ class NPU(wiring.Component):
 
         m.d.comb += core_reset.eq(soft_reset_pending & dma.idle)
 
+        # Bus traffic counters: data beats on the AXI4 master, from start to done or error.
+        read_bytes = Signal(32)
+        write_bytes = Signal(32)
+        with m.If(host.start & ~controller.busy):
+            m.d.sync += [read_bytes.eq(0), write_bytes.eq(0)]
+        with m.Elif(controller.busy):
+            with m.If(self.m_axi.rvalid & self.m_axi.rready):
+                m.d.sync += read_bytes.eq(read_bytes + config.bus_bytes)
+            with m.If(self.m_axi.wvalid & self.m_axi.wready):
+                m.d.sync += write_bytes.eq(write_bytes + config.bus_bytes)
+
         wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
         wiring.connect(m, controller.read_cmd, dma.read_cmd)
         wiring.connect(m, dma.read_row, controller.read_row)
@@ -108,6 +119,9 @@ class NPU(wiring.Component):
             host.error_pc.eq(controller.error_pc),
             host.pc.eq(controller.pc),
             host.cycles.eq(controller.cycles),
+            host.perf.eq(controller.perf),
+            host.read_bytes.eq(read_bytes),
+            host.write_bytes.eq(write_bytes),
             self.irq.eq(controller.done | controller.error),
         ]
         return m

@@ -94,7 +94,8 @@ def encode(opcode, **fields):
     ----------
     opcode : hw.isa.Opcode or int
     **fields : int
-        Every field of that opcode (see :data:`FIELDS`), each within its field's range
+        Every field of that opcode (see :data:`FIELDS`; those in
+        :data:`hw.isa.OPTIONAL_FIELDS` default to 0), each within its field's range
         (``FieldSpec.minimum .. FieldSpec.maximum``; signed fields take negative values).
 
     Returns
@@ -115,6 +116,8 @@ def encode(opcode, **fields):
             raise NPUValueError(f"opcode must be one of {[op.name for op in isa.Opcode]}, "
                                 f"not {opcode!r}") from None
     expected = _NAMES[opcode]
+    if fields.keys() != expected:
+        fields = {**{name: 0 for name in expected & isa.OPTIONAL_FIELDS}, **fields}
     if fields.keys() != expected:
         missing = sorted(expected - set(fields))
         unknown = sorted(set(fields) - expected)

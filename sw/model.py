@@ -227,9 +227,9 @@ class ModelNPU:
             raise _Fault(ErrorCode.SPAD_RANGE)
         self.weights = self.spad[spad_addr:spad_addr + rows, :cols].view(np.int8).copy()
 
-    def _matmul(self, dram, spad_addr, acc_addr, rows, accumulate):
+    def _matmul(self, dram, spad_addr, acc_addr, rows, accumulate, k_width=0, n_width=0):
         config = self.config
-        if rows == 0:
+        if rows == 0 or k_width > config.rows or n_width > config.cols:
             raise _Fault(ErrorCode.BAD_LENGTH)
         if spad_addr + rows > config.spad_depth:
             raise _Fault(ErrorCode.SPAD_RANGE)

@@ -16,7 +16,7 @@ EXPECTED_FIELDS = {
     Opcode.LOAD_SPAD: ["local_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
     Opcode.LOAD_ACC:  ["local_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
     Opcode.PRELOAD:   ["spad_addr"],
-    Opcode.MATMUL:    ["spad_addr", "acc_addr", "rows", "accumulate"],
+    Opcode.MATMUL:    ["spad_addr", "acc_addr", "rows", "accumulate", "k_width", "n_width"],
     Opcode.STORE:     ["acc_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
     Opcode.LOAD_QUANT: ["dram_addr", "dram_stride", "row_bytes", "zero_point", "act_min",
                         "act_max"],
@@ -24,6 +24,7 @@ EXPECTED_FIELDS = {
 }
 EXPECTED_WIDTHS = {"local_addr": 16, "rows": 16, "row_bytes": 16, "dram_addr": 32,
                    "dram_stride": 32, "spad_addr": 16, "acc_addr": 16, "accumulate": 1,
+                   "k_width": 9, "n_width": 9,
                    "zero_point": 16, "act_min": 8, "act_max": 8}
 #: The two's complement fields; every other field is unsigned.
 SIGNED_FIELDS = {"zero_point", "act_min", "act_max"}
