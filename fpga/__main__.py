@@ -1,0 +1,79 @@
+"""``python -m fpga``: the ECP5 flow (``run``), the multi-config report (``report``) and the
+ULX3S bitstream (``board``). The Makefile's ``fpga``, ``fpga-report`` and ``fpga-board``
+targets call these."""
+
+import argparse
+import json
+import sys
+
+from hw.config import NPUConfig
+from .flow import DEVICES, MAC_STYLES, FlowError, FlowOptions, run
+
+
+def _config(name):
+    try:
+        return NPUConfig.from_name(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _flow_arguments(parser):
+    parser.add_argument("--device", choices=sorted(DEVICES), default="LFE5U-85F")
+    parser.add_argument("--freq", type=float, default=150.0, metavar="MHZ",
+                        help="clock constraint given to nextpnr (default 150)")
+    parser.add_argument("--mac", choices=MAC_STYLES, default="dsp",
+                        help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
+                             "of 'npu verilog', multipliers as Yosys infers them")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m fpga", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    one = commands.add_parser("run", help="synthesize, place and route one config")
+    one.add_argument("--config", type=_config, default=NPUConfig.from_name("8x8"))
+    _flow_arguments(one)
+    one.add_argument("--synth-only", action="store_true", help="stop after Yosys")
+    one.add_argument("--json", action="store_true", help="print report.json")
+
+    many = commands.add_parser("report", help="run several configs and write docs/fpga.md")
+    many.add_argument("--configs", default="4x4,8x8,12x12",
+                      help="comma-separated configs (default 4x4,8x8,12x12)")
+    _flow_arguments(many)
+    many.add_argument("--out", default="docs/fpga.md", metavar="FILE")
+    many.add_argument("--reuse", action="store_true",
+                      help="reuse a config's report.json when it was made with the same "
+                           "options (for editing the page)")
+
+    board = commands.add_parser("board", help="bitstream for a real board (amaranth-boards)")
+    board.add_argument("--config", type=_config, default=NPUConfig.from_name("8x8"))
+    board.add_argument("--board", default="ulx3s-85f", help="ulx3s-25f, -45f or -85f")
+
+    arguments = parser.parse_args(argv)
+    try:
+        if arguments.command == "run":
+            options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
+                                  mac=arguments.mac, seed=arguments.seed,
+                                  synth_only=arguments.synth_only)
+            report = run(arguments.config, options,
+                         log=(lambda line: print(line, file=sys.stderr)) if arguments.json
+                         else print)
+            if arguments.json:
+                print(json.dumps(report, indent=2))
+        elif arguments.command == "report":
+            from .report import write_report
+            configs = [_config(name.strip()) for name in arguments.configs.split(",")]
+            options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
+                                  mac=arguments.mac, seed=arguments.seed)
+            write_report(configs, options, arguments.out, reuse=arguments.reuse)
+        else:
+            from .board import build_board
+            build_board(arguments.config, arguments.board)
+    except (FlowError, ValueError) as error:
+        print(f"fpga: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+sys.exit(main())

