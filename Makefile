@@ -6,10 +6,13 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 NPU     := $(VENV)/bin/npu
 CONFIG  ?= 8x8
+DEVICE  ?= LFE5U-85F
+BOARD   ?= ulx3s-85f
+FPGA_CONFIGS ?= 4x4,8x8,12x12
 JOBS    ?= auto
 STAMP   := $(VENV)/.installed
 
-.PHONY: all venv icarus sim demo test test-full formal verilog lint trace clean distclean help
+.PHONY: all venv icarus sim demo test test-full formal verilog lint trace fpga fpga-report fpga-board clean distclean help
 
 all: test
 
@@ -18,10 +21,13 @@ help:
 	@echo "make test                the regression (unit, software and RTL tests)"
 	@echo "make test-full           the regression plus the broader RTL sweep"
 	@echo "make verilog CONFIG=RxC  write build/npu_RxC.v"
-	@echo "make lint CONFIG=RxC     verilator --lint-only on that Verilog"
+	@echo "make lint CONFIG=RxC     verilator --lint-only -Wall on that Verilog (waivers: sim/lint.vlt)"
 	@echo "make trace               the seeds' 2x2 trace, simulated"
 	@echo "make demo                the digits CNN on the NPU under Verilator -> docs/demo.md"
 	@echo "make formal              bounded formal proofs of PE, array and DMA (formal/)"
+	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F   ECP5 synthesis + place and route -> build/fpga/*/report.json"
+	@echo "make fpga-report         the ECP5 flow for FPGA_CONFIGS ($(FPGA_CONFIGS)) -> docs/fpga.md"
+	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC   a ULX3S bitstream (amaranth-boards)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,8 +68,18 @@ verilog: venv
 	@mkdir -p build
 	$(NPU) verilog --config $(CONFIG) -o build/npu_$(CONFIG).v
 
+# -Wall, with every waived warning class and its reason in sim/lint.vlt; any other fails.
 lint: verilog
-	$(PY) -c "import sim.toolchain as t; t.setup_verilator(); import os, sys; os.execvp('verilator', ['verilator', '--lint-only', '-Wno-fatal', 'build/npu_$(CONFIG).v', '--top-module', 'npu_top'])"
+	$(PY) -c "import sim.toolchain as t; t.setup_verilator(); import os, sys; os.execvp('verilator', ['verilator', '--lint-only', '-Wall', 'sim/lint.vlt', 'build/npu_$(CONFIG).v', '--top-module', 'npu_top'])"
+
+fpga: venv
+	$(PY) -m fpga run --config $(CONFIG) --device $(DEVICE)
+
+fpga-report: venv
+	$(PY) -m fpga report --configs $(FPGA_CONFIGS) --device $(DEVICE) --out docs/fpga.md
+
+fpga-board: venv
+	$(PY) -m fpga board --config $(CONFIG) --board $(BOARD)
 
 trace: venv
 	$(NPU) trace

@@ -245,7 +245,8 @@ def run(config, options=None, *, workdir=None, log=print):
                f"{harness.output_bits}-bit shift register; pins clk, rst, scan_in, "
                "scan_capture, scan_out"),
         "mac": options.mac,
-        "mac_pipeline": options.mac_pipeline if options.mac == "dsp" else 0,
+        # The array takes at most cols - 1 stages (its alignment's slack): see SystolicArray.
+        "mac_pipeline": min(options.mac_pipeline, config.cols - 1) if options.mac == "dsp" else 0,
         "synth_options": list(options.synth_options),
         "router": options.router,
         "seed": options.seed,
