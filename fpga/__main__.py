@@ -7,7 +7,7 @@ import json
 import sys
 
 from hw.config import NPUConfig
-from .flow import DEVICES, MAC_STYLES, FlowError, FlowOptions, run
+from .flow import DEVICES, MAC_STYLES, TOPS, FlowError, FlowOptions, run
 
 
 def _config(name):
@@ -25,6 +25,8 @@ def _flow_arguments(parser):
                         help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
                              "of 'npu verilog', multipliers as Yosys infers them")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    parser.add_argument("--top", choices=TOPS, default="npu",
+                        help="npu: the whole NPU (default); array: the systolic array alone")
 
 
 def main(argv=None):
@@ -54,7 +56,7 @@ def main(argv=None):
     try:
         if arguments.command == "run":
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
-                                  mac=arguments.mac, seed=arguments.seed,
+                                  mac=arguments.mac, seed=arguments.seed, top=arguments.top,
                                   synth_only=arguments.synth_only)
             report = run(arguments.config, options,
                          log=(lambda line: print(line, file=sys.stderr)) if arguments.json
@@ -65,7 +67,7 @@ def main(argv=None):
             from .report import write_report
             configs = [_config(name.strip()) for name in arguments.configs.split(",")]
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
-                                  mac=arguments.mac, seed=arguments.seed)
+                                  mac=arguments.mac, seed=arguments.seed, top=arguments.top)
             write_report(configs, options, arguments.out, reuse=arguments.reuse)
         else:
             from .board import build_board

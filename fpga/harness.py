@@ -15,7 +15,7 @@ Nothing is constant and everything is observable, so synthesis can remove no log
 timing paths of the NPU start and end at flip-flops of one clock: nextpnr's Fmax is the NPU's.
 """
 
-from amaranth.hdl import Cat, ClockDomain, ClockSignal, Module, ResetSignal, Signal
+from amaranth.hdl import Cat, ClockDomain, Const, ClockSignal, Module, ResetSignal, Signal
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -56,10 +56,11 @@ class ScanHarness(wiring.Component):
             raise TypeError(f"design must be a wiring.Component, not {design!r}")
         self.design = design
         self.own_clock = own_clock
-        ports = top_ports(design)
-        self.inputs = [value for value, direction in ports.values()
-                       if direction == PortDirection.Input]
-        self.outputs = [value for value, direction in ports.values()
+        # Constant members (the ready of an always-ready stream) are no ports at all.
+        ports = [(value, direction) for value, direction in top_ports(design).values()
+                 if not isinstance(value, Const)]
+        self.inputs = [value for value, direction in ports if direction == PortDirection.Input]
+        self.outputs = [value for value, direction in ports
                         if direction == PortDirection.Output]
         members = {"clk": In(1), "rst": In(1)} if own_clock else {}
         super().__init__({**members, "scan_in": In(1), "scan_capture": In(1),

@@ -31,6 +31,9 @@ class Mesh(wiring.Component):
         R and C.
     mac_pipeline : int
         ``L``, the product pipeline of every PE (0: the plain PE).
+    dsp_pes : int or None
+        On an FPGA, only the first ``dsp_pes`` PEs (row by row) put their product on a DSP
+        block; None: all.
 
     Attributes
     ----------
@@ -45,7 +48,7 @@ class Mesh(wiring.Component):
     south : Out(ArrayLayout(signed(32), cols))
         Partial sum leaving the bottom PE of each column (registered in that PE).
     """
-    def __init__(self, rows, cols, *, mac_pipeline=0):
+    def __init__(self, rows, cols, *, mac_pipeline=0, dsp_pes=None):
         if not isinstance(mac_pipeline, int) or not 0 <= mac_pipeline <= max(cols - 1, 0):
             raise ValueError(f"mac_pipeline must be an integer from 0 to cols - 1 = "
                              f"{cols - 1}, not {mac_pipeline!r}")
@@ -53,7 +56,9 @@ class Mesh(wiring.Component):
         self.cols = cols
         self.mac_pipeline = mac_pipeline
         #: The PEs, ``pes[i][j]``; made here so that tests and traces can watch them.
-        self.pes = [[PE(mac_pipeline) for _ in range(cols)] for _ in range(rows)]
+        self.pes = [[PE(mac_pipeline, dsp=dsp_pes is None or i * cols + j < dsp_pes)
+                     for j in range(cols)] for i in range(rows)]
+        self.dsp_pes = dsp_pes
         super().__init__({
             "west":         In(data.ArrayLayout(signed(8), rows)),
             "west_commit":  In(data.ArrayLayout(1, rows)),

@@ -5,18 +5,27 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 
-__all__ = ["PE", "MAX_MAC_PIPELINE", "mac_pipeline"]
+__all__ = ["PE", "MAX_MAC_PIPELINE", "mac_pipeline", "dsp_pes"]
 
 
 #: Deepest product pipeline a PE builds (see :class:`PE`).
-MAX_MAC_PIPELINE = 3
+MAX_MAC_PIPELINE = 4
+
+
+def dsp_pes(platform):
+    """How many PEs may take a DSP block on this platform (``npu_dsp_pes``; all of them if the
+    platform does not say)."""
+    count = getattr(platform, "npu_dsp_pes", None)
+    if count is not None and (not isinstance(count, int) or count < 0):
+        raise ValueError(f"npu_dsp_pes must be None or a non-negative integer, not {count!r}")
+    return count
 
 
 def mac_pipeline(platform):
     """Product pipeline stages the platform asks the PEs for: ``npu_mac_pipeline`` of the
     platform object, 0 (the plain PE) without one. The FPGA build's platform
-    (``fpga.flow.ECP5Target``) asks for 3, which puts each multiplier on a MULT18X18D with
-    registered inputs and output."""
+    (``fpga.flow.ECP5Target``) asks for 4: a MULT18X18D with registered inputs and output,
+    and one more register after it."""
     stages = getattr(platform, "npu_mac_pipeline", 0)
     if not isinstance(stages, int) or not 0 <= stages <= MAX_MAC_PIPELINE:
         raise ValueError(f"npu_mac_pipeline must be an integer from 0 to {MAX_MAC_PIPELINE}, "
@@ -41,8 +50,10 @@ class PE(wiring.Component):
     registers and is added in cycle ``x + L``: ``psum_out <= psum_in + product`` where
     ``product`` is ``weight * a_in`` from ``L`` cycles before. That is the form an FPGA DSP
     block runs fast (``L = 3``: the PE's own ``a_out`` and active-weight flip-flops, then the
-    DSP's input and output registers). :class:`hw.mesh.Mesh` feeds such PEs their
-    activations ``L`` cycles early so that the array's timing stays the same.
+    DSP's input and output registers; ``L = 4`` adds a flip-flop next to the DSP, so the
+    long route from the DSP to the adder's carry chain gets a cycle of its own).
+    :class:`hw.mesh.Mesh` feeds such PEs their activations ``L`` cycles early so that the
+    array's timing stays the same.
 
     On an ECP5 platform (``platform.family == "ecp5"``) a pipelined PE instantiates a
     MULT18X18D; anywhere else (simulation) it builds the same registers in plain logic.
@@ -50,7 +61,11 @@ class PE(wiring.Component):
     Parameters
     ----------
     mac_pipeline : int
-        ``L``, from 0 (the product is added in the cycle it is formed) to 3.
+        ``L``, from 0 (the product is added in the cycle it is formed) to 4.
+    dsp : bool
+        On ECP5, put the pipelined product on a MULT18X18D (default). Without, the same
+        registers are built around a plain ``*``, which Yosys maps as it likes (LUTs when
+        the device has run out of DSPs and synthesis is told ``-nodsp``).
 
     Attributes
     ----------
@@ -79,12 +94,13 @@ class PE(wiring.Component):
     w_out: Out(signed(8))
     w_shift: In(1)
 
-    def __init__(self, mac_pipeline=0):
+    def __init__(self, mac_pipeline=0, *, dsp=True):
         if (not isinstance(mac_pipeline, int) or isinstance(mac_pipeline, bool)
                 or not 0 <= mac_pipeline <= MAX_MAC_PIPELINE):
             raise ValueError(f"mac_pipeline must be an integer from 0 to {MAX_MAC_PIPELINE}, "
                              f"not {mac_pipeline!r}")
         self.mac_pipeline = mac_pipeline
+        self.dsp = bool(dsp)
         super().__init__()
 
     def elaborate(self, platform):
@@ -107,22 +123,28 @@ class PE(wiring.Component):
             return m
 
         # After the edge that ends cycle x, a_out holds a_in(x) and active holds weight(x):
-        # the first product stage is free. The rest are the multiplier's registers.
-        if self.mac_pipeline == 3:
-            operands, stages = (self.a_out, active), 2
+        # from L = 3 on, that first product stage is free. The multiplier takes up to two of
+        # the other stages (its input and output registers); any left are plain registers.
+        if self.mac_pipeline >= 3:
+            operands, stages = (self.a_out, active), self.mac_pipeline - 1
         else:
             operands, stages = (self.a_in, weight), self.mac_pipeline
-        product = Signal(signed(16))
-        if getattr(platform, "family", None) == "ecp5":
-            _mult18x18d(m, *operands, product, registered_inputs=(stages == 2))
+        multiplier_stages = min(stages, 2)
+        value = Signal(signed(16))
+        if self.dsp and getattr(platform, "family", None) == "ecp5":
+            _mult18x18d(m, *operands, value, registered_inputs=(multiplier_stages == 2))
         else:
-            value = operands[0] * operands[1]
-            for stage in range(stages - 1):
+            product = operands[0] * operands[1]
+            for stage in range(multiplier_stages):
                 registered = Signal(signed(16), name=f"product_stage_{stage}")
-                m.d.sync += registered.eq(value)
-                value = registered
-            m.d.sync += product.eq(value)
-        m.d.sync += self.psum_out.eq(self.psum_in + product)
+                m.d.sync += registered.eq(product)
+                product = registered
+            m.d.comb += value.eq(product)
+        for stage in range(stages - multiplier_stages):
+            registered = Signal(signed(16), name=f"product_{stage}")
+            m.d.sync += registered.eq(value)
+            value = registered
+        m.d.sync += self.psum_out.eq(self.psum_in + value)
         return m
 
 

@@ -5,7 +5,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .mesh import Mesh
-from .pe import mac_pipeline
+from .pe import dsp_pes, mac_pipeline
 
 
 __all__ = ["SystolicArray", "ActivationRow"]
@@ -90,11 +90,12 @@ class SystolicArray(wiring.Component):
         pipeline = self.mac_pipeline
         if pipeline is None:
             pipeline = min(mac_pipeline(platform), self.cols - 1)
-        if pipeline != self.mesh.mac_pipeline:
+        budget = dsp_pes(platform)
+        if (pipeline, budget) != (self.mesh.mac_pipeline, self.mesh.dsp_pes):
             # The plain mesh made in __init__ is not used: say so, or Amaranth warns.
             for block in [self.mesh, *(pe for row in self.mesh.pes for pe in row)]:
                 block._MustUse__silence = True
-            self.mesh = Mesh(self.rows, self.cols, mac_pipeline=pipeline)
+            self.mesh = Mesh(self.rows, self.cols, mac_pipeline=pipeline, dsp_pes=budget)
         m.submodules.mesh = mesh = self.mesh
 
         # Idle cycles feed zero activations, so nothing but real rows ever reaches a psum.

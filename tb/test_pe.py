@@ -134,7 +134,7 @@ def test_activation_and_commit_forwarding():
     run_simulation(dut, testbench)
 
 
-@pytest.mark.parametrize("mac_pipeline", [1, 2, 3])
+@pytest.mark.parametrize("mac_pipeline", [1, 2, 3, 4])
 def test_pipelined_product(mac_pipeline):
     """With ``mac_pipeline = L`` the product of cycle x (weight chosen by that cycle's commit)
     is added to the partial sum of cycle x + L: random activations, partial sums, commits and
@@ -171,6 +171,6 @@ def test_pipelined_product(mac_pipeline):
 
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_mac_pipeline_bounds():
-    with pytest.raises(ValueError, match="mac_pipeline must be an integer from 0 to 3, not 4"):
-        PE(4)
+    with pytest.raises(ValueError, match="mac_pipeline must be an integer from 0 to 4, not 5"):
+        PE(5)
     gc.collect()   # the half-built PE warns when collected; collect it here, filtered

@@ -183,14 +183,14 @@ def _random_stream(rng, rows, cols, length):
     (1, 2, 31), (2, 2, 32), (3, 5, 33), (5, 3, 34), (4, 4, 35), (8, 8, 36), (2, 7, 37),
 ])
 def test_pipelined_mac_matches_plain_array(rows, cols, seed):
-    """Every product pipeline the alignment has room for (1 to min(3, C - 1) stages) gives
+    """Every product pipeline the alignment has room for (1 to min(4, C - 1) stages) gives
     exactly the plain array's ``result`` stream, cycle by cycle, valid and payload, for a
     random stream with bubbles, garbage, commits and weight shifts."""
     rng = np.random.default_rng(seed)
     schedule = _random_stream(rng, rows, cols, 120)
     reference = _simulate(SystolicArray(rows, cols), schedule, rows + cols + 4,
                           garbage_rng=np.random.default_rng(seed))
-    for pipeline in range(1, min(3, cols - 1) + 1):
+    for pipeline in range(1, min(4, cols - 1) + 1):
         dut = SystolicArray(rows, cols, mac_pipeline=pipeline)
         assert dut.latency == rows + cols - 1
         trace = _simulate(dut, schedule, rows + cols + 4,
