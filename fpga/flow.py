@@ -135,6 +135,10 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=4, top="npu
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}
+hierarchy -top top
+proc
+# The mesh's per-row copies of the weight shift enable are equal by design; keep them apart.
+setattr -set keep 1 w:*weight_shift_row_* %ci1 c:* %i
 {before_synth}
 synth_ecp5 -top top {synth_options} -json {netlist}
 tee -q -o {stat} stat -json
@@ -142,7 +146,7 @@ tee -q -o {stat} stat -json
 
 # Without DSPs, Booth-encoded LUT multipliers are smaller and faster than Yosys' default
 # array multiplier.
-_BOOTH = "hierarchy -top top\nproc\nflatten\nopt_expr\nopt_clean\nwreduce\nbooth"
+_BOOTH = "flatten\nopt_expr\nopt_clean\nwreduce\nbooth"
 
 
 def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):

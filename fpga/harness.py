@@ -9,13 +9,17 @@ registered with four pins:
   each input comes straight from a flip-flop, as from a registered AXI interconnect;
 * every NPU output is captured into a register while ``scan_capture`` is high and shifted out
   through ``scan_out`` otherwise, so each output ends at a flip-flop after one multiplexer;
-* ``rst`` is registered once before it becomes the reset of the ``sync`` domain.
+* ``rst`` is registered once and becomes the ``sync`` domain's reset, asynchronous to assert
+  and released on a clock edge (``async_reset``): a synchronous reset would be one net from
+  one flip-flop to the reset input of every flip-flop of the NPU, and the slowest net of the
+  build, where on a real FPGA a reset is held for cycles and distributed as a tree. nextpnr
+  does not time it (as it does not time any asynchronous reset).
 
 Nothing is constant and everything is observable, so synthesis can remove no logic, and all
 timing paths of the NPU start and end at flip-flops of one clock: nextpnr's Fmax is the NPU's.
 """
 
-from amaranth.hdl import Cat, ClockDomain, Const, ClockSignal, Module, ResetSignal, Signal
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, Const, Instance, Module, ResetSignal, Signal
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -77,18 +81,25 @@ class ScanHarness(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         if self.own_clock:
-            m.domains.sync = ClockDomain("sync")
+            m.domains.sync = ClockDomain("sync", async_reset=True)
             reset = Signal(reset_less=True, name="rst_registered")
             m.d.sync += reset.eq(self.rst)
+            if getattr(platform, "family", None) == "ecp5":
+                # The reset reaches every flip-flop: put it on a global network, as a clock.
+                global_reset = Signal(name="rst_global")
+                m.submodules.reset_buffer = Instance("DCCA", i_CLKI=reset, i_CE=Const(1),
+                                                     o_CLKO=global_reset)
+                reset = global_reset
             m.d.comb += [ClockSignal("sync").eq(self.clk), ResetSignal("sync").eq(reset)]
 
         m.submodules.design = self.design
 
-        input_chain = Signal(self.input_bits, name="scan_input_chain")
+        # The chains need no reset: whatever they hold is scanned in or captured.
+        input_chain = Signal(self.input_bits, name="scan_input_chain", reset_less=True)
         m.d.sync += input_chain.eq(Cat(self.scan_in, input_chain[:-1]))
         m.d.comb += Cat(*self.inputs).eq(input_chain)
 
-        output_chain = Signal(self.output_bits, name="scan_output_chain")
+        output_chain = Signal(self.output_bits, name="scan_output_chain", reset_less=True)
         with m.If(self.scan_capture):
             m.d.sync += output_chain.eq(Cat(*self.outputs))
         with m.Else():

@@ -1,6 +1,6 @@
 """The R x C grid of processing elements, wired to their neighbours and nothing else."""
 
-from amaranth.hdl import Module, signed
+from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -24,6 +24,12 @@ class Mesh(wiring.Component):
     ``max(j, L) - j`` cycles behind the plain array's, which the alignment in
     :class:`SystolicArray` absorbs (it has ``C - 1 - j`` registers for column ``j``, so
     ``L <= C - 1``).
+
+    A pipelined mesh also takes ``north_weight`` and ``weight_shift`` one cycle late, through
+    registers of its own, the shift enable once per row (``weight_shift_row_<i>``): the
+    enable reaches all ``8 R C`` shadow flip-flops, and one net that wide would be the
+    slowest of the array. Its PEs commit the value their shadow register is about to take,
+    which is the value the plain PE's shadow register holds in that cycle.
 
     Parameters
     ----------
@@ -71,10 +77,16 @@ class Mesh(wiring.Component):
         m = Module()
 
         pes = self.pes
+        north_weight, row_shifts = self.north_weight, [self.weight_shift] * self.rows
+        if self.mac_pipeline:
+            north_weight = Signal.like(self.north_weight, name="north_weight_late")
+            m.d.sync += north_weight.eq(self.north_weight)
+            row_shifts = [Signal(name=f"weight_shift_row_{i}") for i in range(self.rows)]
+            m.d.sync += [shift.eq(self.weight_shift) for shift in row_shifts]
         for i, pe_row in enumerate(pes):
             for j, pe in enumerate(pe_row):
                 m.submodules[f"pe_{i}_{j}"] = pe
-                m.d.comb += pe.w_shift.eq(self.weight_shift)
+                m.d.comb += pe.w_shift.eq(row_shifts[i])
                 if j <= self.mac_pipeline:
                     m.d.comb += [
                         pe.a_in.eq(self.west[i]),
@@ -88,7 +100,7 @@ class Mesh(wiring.Component):
                 if i == 0:
                     m.d.comb += [
                         pe.psum_in.eq(0),
-                        pe.w_in.eq(self.north_weight[j]),
+                        pe.w_in.eq(north_weight[j]),
                     ]
                 else:
                     m.d.comb += [

@@ -1,6 +1,6 @@
 """One weight-stationary processing element."""
 
-from amaranth.hdl import ClockSignal, Const, Instance, Module, Mux, ResetSignal, Signal, signed
+from amaranth.hdl import ClockSignal, Const, Instance, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -53,7 +53,9 @@ class PE(wiring.Component):
     DSP's input and output registers; ``L = 4`` adds a flip-flop next to the DSP, so the
     long route from the DSP to the adder's carry chain gets a cycle of its own).
     :class:`hw.mesh.Mesh` feeds such PEs their activations ``L`` cycles early so that the
-    array's timing stays the same.
+    array's timing stays the same. It also gives them ``w_in`` and ``w_shift`` a cycle late
+    (to register the enable once per row), so a pipelined PE commits the value its shadow
+    register is about to take: ``w_in`` if ``w_shift`` is high, else ``w_out``.
 
     On an ECP5 platform (``platform.family == "ecp5"``) a pipelined PE instantiates a
     MULT18X18D; anywhere else (simulation) it builds the same registers in plain logic.
@@ -107,19 +109,23 @@ class PE(wiring.Component):
         m = Module()
 
         active = Signal(signed(8))
-        weight = Mux(self.commit_in, self.w_out, active)
+        # A pipelined PE's shadow shifts come a cycle late (see Mesh): commit what comes in.
+        shadow = self.w_out if self.mac_pipeline == 0 else Mux(self.w_shift, self.w_in,
+                                                               self.w_out)
+        weight = Mux(self.commit_in, shadow, active)
 
         m.d.sync += [
             self.a_out.eq(self.a_in),
             self.commit_out.eq(self.commit_in),
         ]
+        if self.mac_pipeline == 0:
+            m.d.sync += self.psum_out.eq(self.psum_in + weight * self.a_in)
         with m.If(self.commit_in):
-            m.d.sync += active.eq(self.w_out)
+            m.d.sync += active.eq(shadow)
         with m.If(self.w_shift):
             m.d.sync += self.w_out.eq(self.w_in)
 
         if self.mac_pipeline == 0:
-            m.d.sync += self.psum_out.eq(self.psum_in + weight * self.a_in)
             return m
 
         # After the edge that ends cycle x, a_out holds a_in(x) and active holds weight(x):
@@ -150,10 +156,13 @@ class PE(wiring.Component):
 
 def _mult18x18d(m, a, b, product, *, registered_inputs):
     """``product`` <= ``a * b`` (signed) on an ECP5 MULT18X18D: output register, and input
-    registers when ``registered_inputs``. Its registers share the ``sync`` clock and reset
-    (synchronous); they hold only values in flight, never state, so a reset that reaches the
-    fabric but not them (``ResetInserter``) leaves at most two cycles of stale products, which
-    the array's result-valid chain marks invalid."""
+    registers when ``registered_inputs``, on the ``sync`` clock.
+
+    Its registers are not reset: they hold only values in flight, never state, and a reset
+    net to every DSP would be the slowest net of the array. After a reset, the at most two
+    stale products they still hold are added to partial sums of rows that entered the array
+    before the reset, which the array's result-valid chain (reset) has already dropped; the
+    rows after the reset are exact."""
     def sign_extend(value):
         return [value[min(bit, len(value) - 1)] for bit in range(18)]
 
@@ -161,7 +170,7 @@ def _mult18x18d(m, a, b, product, *, registered_inputs):
     ports = {
         "i_SIGNEDA": Const(1), "i_SIGNEDB": Const(1),
         "i_SOURCEA": Const(0), "i_SOURCEB": Const(0),
-        "i_CLK0": ClockSignal("sync"), "i_CE0": Const(1), "i_RST0": ResetSignal("sync"),
+        "i_CLK0": ClockSignal("sync"), "i_CE0": Const(1), "i_RST0": Const(0),
     }
     for name in ("CLK", "CE", "RST"):
         for index in (1, 2, 3):
