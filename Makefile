@@ -9,6 +9,7 @@ CONFIG  ?= 8x8
 DEVICE  ?= LFE5U-85F
 BOARD   ?= ulx3s-85f
 FPGA_CONFIGS ?= 4x4,8x8,12x12
+FPGA_ARRAY_CONFIGS ?= 4x4,8x8,12x12,16x16
 JOBS    ?= auto
 STAMP   := $(VENV)/.installed
 
@@ -76,7 +77,7 @@ fpga: venv
 	$(PY) -m fpga run --config $(CONFIG) --device $(DEVICE)
 
 fpga-report: venv
-	$(PY) -m fpga report --configs $(FPGA_CONFIGS) --device $(DEVICE) --out docs/fpga.md
+	$(PY) -m fpga report --configs $(FPGA_CONFIGS) --array-configs $(FPGA_ARRAY_CONFIGS) --device $(DEVICE) --out docs/fpga.md
 
 fpga-board: venv
 	$(PY) -m fpga board --config $(CONFIG) --board $(BOARD)

