@@ -280,7 +280,8 @@ class AxiCheck:
 
 class ProgramOutcome:
     """Status registers read back after a program ended."""
-    def __init__(self, status, error_pc, pc, cycles):
+    def __init__(self, status, error_pc, pc, cycles, perf=None):
+        self.perf = perf
         self.status = status
         self.done = bool(status & Status.DONE)
         self.error = bool(status & Status.ERROR)
@@ -380,8 +381,11 @@ class TB:
         pc = await self.read_reg(Reg.PC)
         cycles = await self.read_reg(Reg.CYCLES_LO)
         cycles |= (await self.read_reg(Reg.CYCLES_HI)) << 32
+        from sw.backend import PERF_COUNTERS
+        perf = {name: await self.read_reg(reg) for name, reg in PERF_COUNTERS.items()}
+        perf["cycles"] = cycles
         self.axi_check.assert_clean()
-        return ProgramOutcome(status, error_pc, pc, cycles)
+        return ProgramOutcome(status, error_pc, pc, cycles, perf)
 
     async def run_program(self, prog_addr, prog_len, timeout_cycles=10_000_000):
         await self.start(prog_addr, prog_len)

@@ -40,5 +40,6 @@ async def run_job(dut):
             "error_pc": outcome.error_pc,
             "cycles": outcome.cycles,
             "instructions": outcome.instructions,
+            "perf": outcome.perf,
         })
     (job / "result.json").write_text(json.dumps(results))

@@ -211,6 +211,7 @@ def run_programs(config, sim, programs, *, timeout_cycles=None):
             cycles=outcome["cycles"],
             instructions=outcome["instructions"],
             dram=np.load(job / f"dram_out_{index}.npy"),
+            perf=outcome.get("perf"),
         ))
     shutil.rmtree(job)
     return results

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.isa import ErrorCode
+from hw.isa import ErrorCode, Reg
 from .errors import BackendUnavailable, NPUValueError
 
 
@@ -43,6 +43,9 @@ class RunResult:
         straight-line program that is ``pc + 1`` after ``END`` and ``error_pc`` after an error.
     dram : numpy.ndarray
         The whole DRAM (``uint8``, one dimension) after the run.
+    perf : dict or None
+        The hardware's performance counters (:data:`PERF_COUNTERS`, read from the
+        ``PERF_*`` registers); ``None`` from the model.
     """
     done: bool
     error_code: ErrorCode
@@ -50,6 +53,21 @@ class RunResult:
     cycles: "int | None"
     instructions: int
     dram: np.ndarray
+    perf: "dict | None" = None
+
+
+#: The performance counters a simulated run reports, by name, and their registers.
+PERF_COUNTERS = {
+    "array_rows":   Reg.PERF_ARRAY_ROWS,
+    "useful_macs":  Reg.PERF_USEFUL_MACS,
+    "stall_fetch":  Reg.PERF_STALL_FETCH,
+    "stall_load":   Reg.PERF_STALL_LOAD,
+    "stall_store":  Reg.PERF_STALL_STORE,
+    "stall_array":  Reg.PERF_STALL_ARRAY,
+    "instructions": Reg.PERF_INSTRUCTIONS,
+    "read_bytes":   Reg.PERF_READ_BYTES,
+    "write_bytes":  Reg.PERF_WRITE_BYTES,
+}
 
 
 def _import_rtl_runner():

@@ -104,6 +104,8 @@ def _build_parser():
                              help="scratchpad rows (default: NPUConfig's)")
         command.add_argument("--acc-depth", type=_positive_int, default=None,
                              help="accumulator rows (default: NPUConfig's)")
+        command.add_argument("--bus-width", type=int, choices=(32, 64, 128), default=None,
+                             help="AXI4 data width in bits (default: NPUConfig's, 64)")
 
     gemm = commands.add_parser("gemm", help="run C = A @ B and compare it with numpy")
     gemm.add_argument("--m", type=_positive_int, help="rows of A and C (random mode)")
@@ -119,6 +121,20 @@ def _build_parser():
                       help="compiler schedule (default auto)")
     gemm.add_argument("--seed", type=_seed, default=0, help="random seed (default 0)")
     gemm.add_argument("--json", action="store_true", help="print one JSON object")
+
+    plan = commands.add_parser(
+        "plan", help="tile a GEMM and predict its cost, without simulating")
+    plan.add_argument("--m", type=_positive_int, required=True, help="rows of A and C")
+    plan.add_argument("--k", type=_positive_int, required=True, help="columns of A, rows of B")
+    plan.add_argument("--n", type=_positive_int, required=True, help="columns of B and C")
+    add_config_arguments(plan)
+    plan.add_argument("--rows", type=_positive_int, default=None,
+                      help="PE rows (with --cols, instead of --config)")
+    plan.add_argument("--cols", type=_positive_int, default=None,
+                      help="PE columns (with --rows, instead of --config)")
+    plan.add_argument("--schedule", choices=SCHEDULES, default="auto",
+                      help="compiler schedule (default auto)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     qgemm = commands.add_parser(
         "qgemm", help="run Y = requantize((A - za) @ B + bias) in INT8 and compare it with "
@@ -175,8 +191,16 @@ def _config_from(arguments):
         depths["spad_depth"] = arguments.spad_depth
     if arguments.acc_depth is not None:
         depths["acc_depth"] = arguments.acc_depth
+    if getattr(arguments, "bus_width", None) is not None:
+        depths["bus_width"] = arguments.bus_width
+    name = arguments.config
+    rows, cols = getattr(arguments, "rows", None), getattr(arguments, "cols", None)
+    if (rows is None) != (cols is None):
+        raise NPUValueError("--rows and --cols must be given together")
+    if rows is not None:
+        name = f"{rows}x{cols}"
     try:
-        return NPUConfig.from_name(arguments.config, **depths)
+        return NPUConfig.from_name(name, **depths)
     except ValueError as error:
         raise NPUValueError(f"bad configuration: {error}") from None
 
@@ -257,6 +281,8 @@ def _run_gemm(arguments):
         "tile_fill": plan.tile_fill, "dram_bytes_read": plan.dram_bytes_read,
         "dram_bytes_written": plan.dram_bytes_written, "seed": seed,
         "instructions": result.instructions, "out": arguments.out,
+        "bus_width": config.bus_width, "mapping_efficiency": plan.mapping_efficiency,
+        "group_tiles": plan.group_tiles, "counters": result.perf,
     }
     if arguments.json:
         print(json.dumps(report))
@@ -433,6 +459,58 @@ def _run_demo(arguments):
     return 0 if report.get("bit_exact", False) else EXIT_FAILURE
 
 
+def _run_plan(arguments):
+    from .compiler import estimate_cycles, plan_gemm, scalesim_cycles
+
+    config = _config_from(arguments)
+    plan = plan_gemm(config, arguments.m, arguments.k, arguments.n,
+                     schedule=arguments.schedule)
+    pes = config.rows * config.cols
+    predicted = estimate_cycles(plan, config)
+    scalesim = scalesim_cycles(config, plan.m, plan.k, plan.n)
+    report = {
+        "m": plan.m, "k": plan.k, "n": plan.n, "rows": config.rows, "cols": config.cols,
+        "config": config.name, "bus_width": config.bus_width,
+        "spad_depth": config.spad_depth, "acc_depth": config.acc_depth,
+        "schedule": plan.schedule, "weight_tiles": plan.weight_tiles,
+        "k_tiles": plan.k_tiles, "n_tiles": plan.n_tiles,
+        "mapping_efficiency": plan.mapping_efficiency,
+        "useful_pe_cells": plan.k * plan.n,
+        "provisioned_pe_cells": plan.weight_tiles * pes,
+        "predicted_cycles": predicted,
+        "predicted_utilization": None if predicted is None else plan.macs / (predicted * pes),
+        "scalesim_cycles": scalesim,
+        "scalesim_utilization": plan.macs / (scalesim * pes),
+        "m_blocks": plan.m_blocks, "block_rows": plan.block_rows,
+        "group_tiles": plan.group_tiles, "instructions": plan.instructions,
+        "spad_rows_used": plan.spad_rows_used,
+        "spad_bytes_used": plan.spad_rows_used * config.spad_row_bytes,
+        "acc_rows_used": plan.acc_rows_used,
+        "acc_bytes_used": plan.acc_rows_used * config.acc_row_bytes,
+        "dram_bytes_read": plan.dram_bytes_read + plan.program_bytes,
+        "dram_bytes_written": plan.dram_bytes_written,
+        "program_bytes": plan.program_bytes,
+    }
+    if arguments.json:
+        print(json.dumps(report))
+        return 0
+    print(f"gemm {plan.m}x{plan.k} @ {plan.k}x{plan.n} on {config.name} "
+          f"({config.bus_width}-bit bus), {plan.schedule} schedule")
+    print(f"weight tiles: {plan.weight_tiles} ({plan.k_tiles} x {plan.n_tiles})")
+    print(f"mapping efficiency: {plan.k * plan.n:,} / {plan.weight_tiles * pes:,} = "
+          f"{plan.mapping_efficiency:.1%}")
+    if predicted is not None:
+        print(f"predicted cycles: {predicted:,} (estimate), utilization "
+              f"{report['predicted_utilization']:.1%}")
+    print(f"SCALE-Sim weight-stationary model: {scalesim:,} cycles, utilization "
+          f"{report['scalesim_utilization']:.1%}")
+    print(f"scratchpad: {plan.spad_rows_used} rows ({report['spad_bytes_used']:,} bytes), "
+          f"accumulator: {plan.acc_rows_used} rows ({report['acc_bytes_used']:,} bytes)")
+    print(f"DRAM traffic: {report['dram_bytes_read']:,} bytes read (program included), "
+          f"{plan.dram_bytes_written:,} written")
+    return 0
+
+
 def main(argv=None):
     """Run the ``npu`` command line.
 
@@ -452,7 +530,7 @@ def main(argv=None):
     except SystemExit as exit:
         # argparse exits after --help or a usage error; return its status for in-process use.
         return exit.code
-    handlers = {"gemm": _run_gemm, "qgemm": _run_qgemm, "verilog": _run_verilog,
+    handlers = {"gemm": _run_gemm, "plan": _run_plan, "qgemm": _run_qgemm, "verilog": _run_verilog,
                 "trace": _run_trace, "demo": _run_demo}
     try:
         return handlers[arguments.command](arguments)

@@ -60,11 +60,12 @@ from .errors import NPUTypeError, NPUValueError, PlanError
 
 __all__ = ["SCHEDULES", "GemmPlan", "Program", "plan_gemm", "compile_gemm",
            "QuantPlan", "QuantProgram", "RowGather", "GemmGather", "plan_qgemm",
-           "compile_qgemm", "plan_quantized", "compile_quantized"]
+           "compile_qgemm", "plan_quantized", "compile_quantized", "estimate_cycles",
+           "scalesim_cycles"]
 
 
 #: Accepted values of the ``schedule`` argument.
-SCHEDULES = ("auto", "resident", "streaming")
+SCHEDULES = ("auto", "overlap", "resident", "streaming")
 
 _ADDRESS_SPACE = 1 << 32
 #: Scratchpad row where the weight tile is loaded; activations start right after it.
@@ -126,6 +127,7 @@ class GemmPlan:
     dram_bytes_read: int
     dram_bytes_written: int
     instructions: int
+    group_tiles: int = 1
 
     @property
     def program_bytes(self):
@@ -145,6 +147,12 @@ class GemmPlan:
         best array utilization the plan can reach, before any load or store overhead.
         """
         return self.macs / (self.m * self.k_tiles * self.n_tiles * self.rows * self.cols)
+
+    @property
+    def mapping_efficiency(self):
+        """Useful PE-cells over provisioned PE-cells of the weight tiles (seeds section 4.1):
+        ``k * n / (weight_tiles * R * C)``; equal to :attr:`tile_fill`."""
+        return (self.k * self.n) / (self.weight_tiles * self.rows * self.cols)
 
     def summary(self):
         """A few readable lines about the plan."""
@@ -231,6 +239,178 @@ def _plan_for(config, m, k, n, schedule, block_rows):
         dram_bytes_written=4 * m * n, instructions=instructions)
 
 
+def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, group_tiles):
+    """Emit the "overlap" schedule: ping-pong buffers, so that the units run side by side.
+
+    The work is cut into units of ``block_rows`` rows of A by ``group_tiles`` n-tiles; a unit
+    takes one accumulator half (``acc_depth // 2`` rows), the units alternate between the
+    two halves. A unit is a sequence of k-steps; a k-step loads one k-slice of the block's A
+    (``LOAD_SPAD`` into one of two activation buffers, during the step before) and runs the
+    group's weight tiles against it::
+
+        for each k-step s, for each n-tile j of its group:
+            LOAD_SPAD weight tile -> weight buffer (alternating)
+            [after every weight tile but the first (after the first if the group has
+             one): a piece of the k-slice of step s + 1 -> the other activation buffer]
+            PRELOAD   the weight buffer         (shifts in while the array computes)
+            [a STORE of the unit before, spread out so that one ends before the next]
+            MATMUL    activation buffer -> accumulator rows of (unit half, j)
+
+    The hardware checks every dependency (docs/architecture.md), so this order only decides
+    how much overlaps, never what is computed.
+    """
+    rows, cols = config.rows, config.cols
+    half = config.acc_depth // 2
+    weight_base, activation_base = 0, 2 * rows
+    k_tiles = _ceil_div(k, rows)
+    n_tiles = _ceil_div(n, cols)
+    c_stride = 4 * n
+    bus_bytes = config.bus_bytes
+
+    units = []
+    for m_start in range(0, m, block_rows):
+        for n_tile0 in range(0, n_tiles, group_tiles):
+            units.append((m_start, min(block_rows, m - m_start),
+                          list(range(n_tile0, min(n_tile0 + group_tiles, n_tiles)))))
+    steps = [(u, k_tile) for u in range(len(units)) for k_tile in range(k_tiles)]
+
+    def load_activations(step_index, piece=0, pieces=1):
+        # Piece `piece` of `pieces` of the step's k-slice: short loads leave the reader free
+        # for the next weight tile in time.
+        u, k_tile = steps[step_index]
+        m_start, unit_rows, _ = units[u]
+        k_start = k_tile * rows
+        size = _ceil_div(unit_rows, pieces)
+        first, last = piece * size, min(unit_rows, (piece + 1) * size)
+        if first < last:
+            emit.load_spad(local_addr=activation_base + (step_index % 2) * block_rows + first,
+                           rows=last - first, row_bytes=min(rows, k - k_start),
+                           dram_addr=a_addr + (m_start + first) * k + k_start, dram_stride=k)
+
+    def stores_of(u):
+        m_start, unit_rows, tiles = units[u]
+        return [dict(acc_addr=(u % 2) * half + index * unit_rows, rows=unit_rows,
+                     row_bytes=4 * min(cols, n - tile * cols),
+                     dram_addr=c_addr + m_start * c_stride + 4 * tile * cols,
+                     dram_stride=c_stride)
+                for index, tile in enumerate(tiles)]
+
+    # One store moves unit_rows rows of ceil(4 C / bus) beats, about two cycles more each;
+    # a k-step computes len(tiles) * unit_rows rows. Space the stores so that they queue up
+    # as little as possible behind each other.
+    row_beats = _ceil_div(4 * cols, bus_bytes)
+    pending = []                # stores of the unit before, in order
+    pending_unit = None
+    steps_since_store = 0
+    weight_buffer = 0
+    load_activations(0)
+    for step_index, (u, k_tile) in enumerate(steps):
+        m_start, unit_rows, tiles = units[u]
+        if k_tile == 0 and pending_unit is not None and pending_unit <= u - 2:
+            for fields in pending:      # the half is needed again: store what is left
+                emit.store(**fields)
+            pending = []
+        spacing = max(1, _ceil_div(row_beats + 2, len(tiles)))
+        k_start = k_tile * rows
+        k_height = min(rows, k - k_start)
+        for index, tile in enumerate(tiles):
+            n_start = tile * cols
+            n_width = min(cols, n - n_start)
+            w_addr = weight_base + weight_buffer * rows
+            emit.load_spad(local_addr=w_addr, rows=k_height, row_bytes=n_width,
+                           dram_addr=b_addr + k_start * n + n_start, dram_stride=n)
+            if step_index + 1 < len(steps):
+                if len(tiles) == 1:
+                    load_activations(step_index + 1)
+                elif index >= 1:
+                    load_activations(step_index + 1, index - 1, len(tiles) - 1)
+            emit.preload(spad_addr=w_addr)
+            if (pending and (index == 0 or len(tiles) == 1) and steps_since_store >= spacing
+                    and not (k_tile == 0 and pending_unit == u - 1)):
+                emit.store(**pending.pop(0))
+                steps_since_store = 0
+            emit.matmul(spad_addr=activation_base + (step_index % 2) * block_rows,
+                        acc_addr=(u % 2) * half + index * unit_rows, rows=unit_rows,
+                        accumulate=k_tile > 0, k_width=k_height, n_width=n_width)
+            weight_buffer ^= 1
+        steps_since_store += 1
+        if k_tile == k_tiles - 1:
+            for fields in pending:
+                emit.store(**fields)
+            pending, pending_unit = stores_of(u), u
+            steps_since_store = spacing       # the first may go right after one step
+    for fields in pending:
+        emit.store(**fields)
+    emit.end()
+
+
+def _overlap_candidates(config, m, k, n):
+    """(block_rows, group_tiles) pairs worth considering for the overlap schedule."""
+    half = config.acc_depth // 2
+    free_rows = config.spad_depth - 2 * config.rows
+    n_tiles = _ceil_div(n, config.cols)
+    candidates = []
+    for group_tiles in range(1, n_tiles + 1):
+        block_rows = min(m, half // group_tiles, free_rows // 2, _MAX_INSTRUCTION_ROWS)
+        if block_rows < 1:
+            break
+        if candidates and candidates[-1][0] == block_rows and group_tiles > 1:
+            candidates[-1] = (block_rows, group_tiles)   # same block height: group more
+        else:
+            candidates.append((block_rows, group_tiles))
+    return candidates
+
+
+def _overlap_estimate(config, m, k, n, block_rows, group_tiles):
+    """A rough cycle estimate of the overlap schedule, to choose its block shape."""
+    rows, cols, bus = config.rows, config.cols, config.bus_bytes
+    k_tiles, n_tiles = _ceil_div(k, rows), _ceil_div(n, cols)
+    m_blocks = _ceil_div(m, block_rows)
+    groups = _ceil_div(n_tiles, group_tiles)
+    act_beats = _ceil_div(min(rows, k) + bus - 1, bus)
+    weight_beats = _ceil_div(min(cols, n) + bus - 1, bus)
+    steps = m_blocks * groups * k_tiles
+    per_matmul_overhead = 2 * rows + cols + 4 * (weight_beats + 1)
+    compute = steps * group_tiles * max(block_rows, per_matmul_overhead)
+    reader = (m * k_tiles * groups * act_beats
+              + m_blocks * k_tiles * n_tiles * rows * weight_beats
+              + steps * (3 * group_tiles + 1) * _ceil_div(INSTR_BYTES, bus))
+    store_row = _ceil_div(4 * min(cols, n), bus) + 2
+    stores = m * n_tiles * store_row
+    tail = block_rows * group_tiles * store_row
+    return max(compute, reader, stores) + tail
+
+
+def estimate_cycles(plan, config):
+    """Estimated cycles of ``plan`` on ``config``: the overlap schedule's balance of array,
+    DMA reader and store time (not yet a cycle-exact model), ``None`` for other schedules."""
+    if plan.schedule != "overlap":
+        return None
+    return _overlap_estimate(config, plan.m, plan.k, plan.n, plan.block_rows,
+                             plan.group_tiles)
+
+
+def scalesim_cycles(config, m, k, n):
+    """Cycles of SCALE-Sim's weight-stationary model, which does not overlap weight tiles:
+    ``ceil(K/R) * ceil(N/C) * (2R + C + M - 2)``."""
+    return (_ceil_div(k, config.rows) * _ceil_div(n, config.cols)
+            * (2 * config.rows + config.cols + m - 2))
+
+
+def _overlap_plan(config, m, k, n, block_rows, group_tiles):
+    emit = _Emitter(config, dry=True)
+    _overlap_emit(emit, config, m, k, n, 0, 0, 0, block_rows, group_tiles)
+    k_tiles, n_tiles = _ceil_div(k, config.rows), _ceil_div(n, config.cols)
+    return GemmPlan(
+        config=config.name, rows=config.rows, cols=config.cols, m=m, k=k, n=n,
+        schedule="overlap", k_tiles=k_tiles, n_tiles=n_tiles,
+        weight_tiles=k_tiles * n_tiles, m_blocks=_ceil_div(m, block_rows),
+        block_rows=block_rows, weight_loads=emit.weight_loads,
+        spad_rows_used=emit.spad_rows_used, acc_rows_used=emit.acc_rows_used,
+        dram_bytes_read=emit.bytes_read, dram_bytes_written=emit.bytes_written,
+        instructions=emit.instructions, group_tiles=group_tiles)
+
+
 def plan_gemm(config, m, k, n, *, schedule="auto"):
     """Choose how to place ``(m x k) @ (k x n)`` on ``config``, without emitting code.
 
@@ -259,6 +439,17 @@ def plan_gemm(config, m, k, n, *, schedule="auto"):
     if schedule not in SCHEDULES:
         raise NPUValueError(f"schedule must be one of {', '.join(SCHEDULES)}, "
                             f"not {schedule!r}")
+
+    if schedule in ("auto", "overlap"):
+        if config.acc_depth >= 2 and config.spad_depth >= 2 * config.rows + 2:
+            shape = min(_overlap_candidates(config, m, k, n),
+                        key=lambda c: _overlap_estimate(config, m, k, n, *c))
+            return _overlap_plan(config, m, k, n, *shape)
+        if schedule == "overlap":
+            raise PlanError(f"config {config.name}: the overlap schedule needs two weight "
+                            f"tiles and two activation rows in the scratchpad "
+                            f"({2 * config.rows + 2} rows, not {config.spad_depth}) and two "
+                            f"accumulator rows ({config.acc_depth})")
 
     activation_capacity = config.spad_depth - config.rows
     if activation_capacity < 1:
@@ -332,9 +523,9 @@ class _Emitter:
         self.weight_loads += 1
         self.spad_rows_used = max(self.spad_rows_used, spad_addr + self.config.rows)
 
-    def matmul(self, spad_addr, acc_addr, rows, accumulate):
+    def matmul(self, spad_addr, acc_addr, rows, accumulate, k_width=0, n_width=0):
         self._emit(Opcode.MATMUL, spad_addr=spad_addr, acc_addr=acc_addr, rows=rows,
-                   accumulate=int(accumulate))
+                   accumulate=int(accumulate), k_width=k_width, n_width=n_width)
         self.spad_rows_used = max(self.spad_rows_used, spad_addr + rows)
         self.acc_rows_used = max(self.acc_rows_used, acc_addr + rows)
 
@@ -394,6 +585,15 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
     resident = plan.schedule == "resident"
     c_stride = 4 * n
     emit = _Emitter(config)
+    if plan.schedule == "overlap":
+        _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, plan.block_rows,
+                      plan.group_tiles)
+        counted = replace(plan, instructions=len(emit.words))
+        if counted != plan:
+            raise RuntimeError(f"compiler bug: the emitted program does not match its plan:\n"
+                               f"planned {plan}\nemitted {counted}")
+        return Program(words=emit.words, plan=plan, a_addr=a_addr, b_addr=b_addr,
+                       c_addr=c_addr)
     for m_start in range(0, m, plan.block_rows):
         block_rows = min(plan.block_rows, m - m_start)
         a_block_addr = a_addr + m_start * k
@@ -781,6 +981,9 @@ def plan_quantized(config, gather, *, schedule="auto"):
     if schedule not in SCHEDULES:
         raise NPUValueError(f"schedule must be one of {', '.join(SCHEDULES)}, "
                             f"not {schedule!r}")
+    if schedule == "overlap":
+        raise PlanError("the overlap schedule is for plain GEMMs; quantized layers and "
+                        "convolutions use the resident or streaming schedule")
     activation_capacity = config.spad_depth - config.rows
     if activation_capacity < 1:
         raise PlanError(f"config {config.name}: a scratchpad of {config.spad_depth} rows "

@@ -121,6 +121,9 @@ class GemmResult:
         Clock cycles of the run; ``None`` on the model.
     instructions : int
         Instructions executed, ``END`` included.
+    perf : dict or None
+        The hardware's performance counters (``sw.backend.PERF_COUNTERS``, plus
+        ``cycles``); ``None`` on the model.
     """
     c: np.ndarray
     config: NPUConfig
@@ -129,6 +132,7 @@ class GemmResult:
     layout: DramLayout
     cycles: "int | None"
     instructions: int
+    perf: "dict | None" = None
 
     @property
     def weight_tiles(self):
@@ -236,7 +240,8 @@ def prepare_gemm(A, B, *, config=None, schedule="auto"):
         c = (result.dram[layout.c_addr:layout.c_addr + layout.c_bytes].view("<i4")
              .reshape(m, n).astype(np.int32))
         return GemmResult(c=c, config=config, sim=sim, plan=program.plan, layout=layout,
-                          cycles=result.cycles, instructions=result.instructions)
+                          cycles=result.cycles, instructions=result.instructions,
+                          perf=result.perf)
     return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
 
 

@@ -95,7 +95,7 @@ def test_gemm_readable_summary(capsys):
 def test_gemm_memory_depth_options(capsys):
     status, out, err = run_cli(capsys, "gemm", "--m", "10", "--k", "3", "--n", "3",
                                "--config", "2x2", "--acc-depth", "4", "--spad-depth", "64",
-                               "--sim", "model", "--json")
+                               "--schedule", "resident", "--sim", "model", "--json")
     assert status == 0, err
     report = json.loads(out)
     assert (report["m_blocks"], report["block_rows"], report["acc_depth"]) == (3, 4, 4)
@@ -438,5 +438,47 @@ def test_qgemm_bad_files(tmp_path, capsys):
     (["qgemm", "--m", "2", "--k", "2", "--n", "2", "--config", "2"], "RxC"),
 ])
 def test_qgemm_bad_arguments(capsys, argv, match):
+    status, out, err = run_cli(capsys, *argv)
+    assert_one_line_error(status, out, err, 2, match)
+
+
+# npu plan ---------------------------------------------------------------------------------------
+
+def test_plan_reproduces_the_seeds_tiling_example(capsys):
+    """Seeds section 4.1: a 1x1 conv, C_in = C_out = 100, 56 x 56 outputs, on 64x64."""
+    status, out, err = run_cli(capsys, "plan", "--m", "3136", "--k", "100", "--n", "100",
+                               "--rows", "64", "--cols", "64", "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert (report["weight_tiles"], report["k_tiles"], report["n_tiles"]) == (4, 2, 2)
+    assert (report["useful_pe_cells"], report["provisioned_pe_cells"]) == (10_000, 16_384)
+    assert f"{report['mapping_efficiency']:.1%}" == "61.0%"
+    assert report["predicted_cycles"] > 0 and 0 < report["predicted_utilization"] <= 1
+    # SCALE-Sim's weight-stationary figure: 4 * (2 * 64 + 64 + 3136 - 2) cycles.
+    assert report["scalesim_cycles"] == 4 * (2 * 64 + 64 + 3136 - 2)
+    status, out, _ = run_cli(capsys, "plan", "--m", "3136", "--k", "128", "--n", "128",
+                             "--rows", "64", "--cols", "64", "--json")
+    report = json.loads(out)
+    assert report["weight_tiles"] == 4 and report["mapping_efficiency"] == 1.0
+
+
+def test_plan_readable_and_scalesim_reference(capsys):
+    status, out, _ = run_cli(capsys, "plan", "--m", "256", "--k", "256", "--n", "256",
+                             "--config", "16x16", "--bus-width", "128")
+    assert status == 0
+    assert "weight tiles: 256 (16 x 16)" in out
+    assert "mapping efficiency: 65,536 / 65,536 = 100.0%" in out
+    # The issue's reference: 16 * 16 * (32 + 16 + 256 - 2) = 77,312 cycles, 84.8%.
+    assert "SCALE-Sim weight-stationary model: 77,312 cycles, utilization 84.8%" in out
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["plan", "--m", "1", "--k", "1"], "required: --n"),
+    (["plan", "--m", "1", "--k", "1", "--n", "1", "--rows", "4"], "--rows and --cols"),
+    (["plan", "--m", "1", "--k", "1", "--n", "1", "--rows", "300", "--cols", "4"],
+     "at most 256"),
+    (["plan", "--m", "1", "--k", "1", "--n", "1", "--bus-width", "48"], "invalid choice"),
+])
+def test_plan_bad_arguments(capsys, argv, match):
     status, out, err = run_cli(capsys, *argv)
     assert_one_line_error(status, out, err, 2, match)

@@ -158,7 +158,7 @@ def test_ragged_edges():
 def test_m_split_when_m_exceeds_acc_depth():
     config = NPUConfig(rows=2, cols=2, spad_depth=64, acc_depth=4)
     m, k, n = 10, 3, 3
-    program = compile_at(config, m, k, n)
+    program = compile_at(config, m, k, n, schedule="resident")
     plan = program.plan
     assert (plan.m_blocks, plan.block_rows, plan.acc_rows_used) == (3, 4, 4)
     stores = of(program, Opcode.STORE)
@@ -185,7 +185,11 @@ def test_m_split_by_scratchpad():
 
 
 def test_auto_falls_back_to_streaming_for_long_k():
-    config = NPUConfig(rows=4, cols=4, spad_depth=68, acc_depth=64)
+    # With one accumulator row the overlap schedule cannot ping-pong, so "auto" chooses
+    # between the resident and streaming schedules.
+    config = NPUConfig(rows=4, cols=4, spad_depth=68, acc_depth=1)
+    with pytest.raises(PlanError, match="overlap schedule needs"):
+        plan_gemm(config, 8, 8, 8, schedule="overlap")
     # 64 free rows: K = 1000 is 250 k-tiles, so not even one row of A can stay resident.
     assert plan_gemm(config, 8, 1000, 8).schedule == "streaming"
     with pytest.raises(PlanError, match="resident schedule needs 250 scratchpad rows"):
