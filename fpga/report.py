@@ -190,6 +190,26 @@ _STATIC = """\
   maps them to DP16KD block RAM (the DP16KD column), nothing to distributed RAM beyond the
   small FIFOs.
 
+## Smaller devices
+
+`make fpga DEVICE=LFE5U-25F` (28 MULT18X18D, 56 DP16KD) and `DEVICE=LFE5U-45F` (72, 108) run
+the same flow. Where the PEs and the requantizer's products need more MULT18X18D than the
+device has, the first PEs keep a DSP and the rest are LUT multipliers (above); `report.json`
+says how many (`dsp_pes`). A config whose logic does not fit the device stops in nextpnr with
+its utilization in `pnr.log`.
+
+## A board: ULX3S
+
+`make fpga-board BOARD=ulx3s-85f CONFIG=8x8` builds a bitstream for the ULX3S (LFE5U-85F,
+CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's own Trellis
+build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and `npu.tim`, the
+nextpnr log with its timing). It is the same harnessed NPU with the same MULT18X18D PEs, on
+the board's pins: the 25 MHz oscillator is the clock (the platform's reset synchronizer holds
+the design in reset until configuration is done), `switch 0` is `scan_in`, `switch 1` is
+`scan_capture` and `led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs
+for a real part and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no
+DRAM behind its AXI ports.
+
 ## Reproduce
 
 ```sh
