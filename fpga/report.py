@@ -43,7 +43,8 @@ def write_report(npu_configs, array_configs, options=None, out="docs/fpga.md", *
     npu = [_run_or_reuse(config, options, "npu", reuse, log) for config in npu_configs]
     array = [_run_or_reuse(config, options, "array", reuse, log) for config in array_configs]
     baselines = _baselines(options)
-    Path(out).write_text(render(npu, array, baselines, options))
+    others = _other_devices(options)
+    Path(out).write_text(render(npu, array, baselines, options, others))
     log(f"fpga: wrote {out}")
     return npu + array
 
@@ -54,8 +55,21 @@ def _baselines(options):
     for path in sorted((REPO_ROOT / "build" / "fpga").glob(f"*_{options.device}_plain*/"
                                                            "report.json")):
         report = json.loads(path.read_text())
-        if "fmax_mhz" in report:
+        if "fmax_mhz" in report and "top" in report:   # made by this version of the flow
             found.append(report)
+    return found
+
+
+def _other_devices(options):
+    """Runs of the flow on the other devices, if any were made (``make fpga DEVICE=...``)."""
+    found = []
+    for device in DEVICES:
+        if device == options.device:
+            continue
+        for path in sorted((REPO_ROOT / "build" / "fpga").glob(f"*_{device}_dsp/report.json")):
+            report = json.loads(path.read_text())
+            if "top" in report:
+                found.append(report)
     return found
 
 
@@ -67,6 +81,14 @@ def _block(cell):
     if len(parts) > 2 and parts[1] in ("mesh",):
         return "array"
     return parts[1] if len(parts) > 2 else "top"
+
+
+def _cell(name):
+    """A netlist cell's name up to what Yosys and nextpnr appended to it."""
+    for mark in ("_TRELLIS", "$CCU2", "_LUT4", "_CCU2C"):
+        if mark in name:
+            name = name[:name.index(mark)]
+    return name
 
 
 def _path_summary(critical):
@@ -94,13 +116,13 @@ def _endpoints(reports):
         critical = report.get("critical_path")
         if critical:
             lines.append(f"* {report['config']} {report.get('top', 'npu')}: "
-                         f"`{critical['from']}` -> `{critical['to']}`, "
+                         f"`{_cell(critical['from'])}` -> `{_cell(critical['to'])}`, "
                          f"{critical['delay_ns']:.2f} ns of which {critical['logic_ns']:.2f} "
                          f"logic, {len(critical['steps'])} steps")
     return lines
 
 
-def render(npu, array, baselines=(), options=None):
+def render(npu, array, baselines=(), options=None, others=()):
     """The Markdown page."""
     options = options or FlowOptions()
     when = time.strftime("%Y-%m-%d")
@@ -150,6 +172,24 @@ def render(npu, array, baselines=(), options=None):
               f"{_path_summary(r.get('critical_path'))} |" for r in baselines),
             "",
         ]
+    if others:
+        lines += [
+            "## Other devices",
+            "",
+            "Yosys' cell counts (a LUT4 site is a LUT4 or half a CCU2C) and, where place and "
+            "route ran, nextpnr's figures:",
+            "",
+            "| config | device | LUT4 | CCU2C | FF | MULT18X18D | DP16KD | PEs on DSPs | "
+            "Fmax (MHz) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            *(f"| {r['config']} | {r['device']} | {r['yosys_cells'].get('LUT4', 0)} | "
+              f"{r['yosys_cells'].get('CCU2C', 0)} | {r['yosys_cells'].get('TRELLIS_FF', 0)} | "
+              f"{r['yosys_cells'].get('MULT18X18D', 0)} | {r['yosys_cells'].get('DP16KD', 0)} "
+              f"| {r.get('dsp_pes')} | "
+              f"{'%.1f' % r['fmax_mhz'] if r.get('fmax_mhz') else 'synthesis only'} |"
+              for r in others),
+            "",
+        ]
     lines += [
         "## Critical paths",
         "",
@@ -161,6 +201,33 @@ def render(npu, array, baselines=(), options=None):
 
 
 _STATIC = """\
+## What limits the figures
+
+* **The whole NPU is limited by the blocks around the array, not by the array.** Its critical
+  path (above) lies in the controller. In the runs of this page the worst path starts at the
+  controller's instruction queue (distributed RAM), goes through a multiplier that the
+  controller's address arithmetic infers (a MULT18X18D without registers) and several carry
+  chains, and ends in the controller's state, all in one cycle: about 40 ns. From their
+  code (nextpnr reports only the worst path), the requantizer (a 32 x 32 product after a
+  64-bit saturating shift in one stage, a 65-bit rounding add, shift and clamp in the next)
+  and the DMA's row shifters (a whole row shifted by any byte offset in one cycle) have long
+  single-cycle paths of the same kind, next in line once the controller's is cut. Reaching
+  150 MHz for the whole NPU needs those blocks pipelined (registered queue output,
+  incremental address updates instead of products, more requantizer stages, a byte-shift
+  network over two or three cycles); `fpga/` does not change them, since the cycle timing of
+  the controller, DMA and requantizer is their own (`hw/controller.py`, `hw/dma.py`,
+  `hw/requant.py`).
+* **The array alone** reaches the figures of its table. What is left there is routing: the
+  MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
+  sum and weight links, each one register long) can be far apart; the critical path is such
+  a link, almost all of it wire. The next steps would be a register on each inter-PE link
+  (which the alignment could absorb as it absorbs the product pipeline) and placement
+  constraints that keep each PE's logic beside its DSP.
+* **Peak throughput above 51.2 GOPS** needs more PEs than there are MULT18X18D (156 on the
+  85F, so 12 x 12 is the largest all-DSP square array) or 12 x 12 above 178 MHz. The flow
+  builds larger arrays with Booth LUT multipliers for the PEs beyond the DSPs (`-nodsp`),
+  but the LUT multipliers and their routing are slower still.
+
 ## How the build is made
 
 * **I/O: an on-chip scan harness** (`fpga/harness.py`), not hundreds of pins and not an
