@@ -1,9 +1,10 @@
 """A bitstream of the NPU for a real ECP5 board: the ULX3S, through ``amaranth-boards``.
 
 The board build is the out-of-context design (:class:`fpga.harness.ScanHarness` around the
-NPU, pipelined PEs on MULT18X18D) on the board's pins: the 25 MHz oscillator is the clock of
-the ``sync`` domain (the platform's reset synchronizer holds it in reset until the FPGA has
-configured), and the scan harness's pins are on the board's switches and LEDs:
+NPU, pipelined PEs on MULT18X18D) on the board's pins. The ``sync`` clock is 20 MHz from an
+EHXPLLL on the 25 MHz oscillator (divisors from ``ecppll -i 25 -o 20``), since the whole NPU
+does not reach 25 MHz yet (docs/fpga.md); the domain is held in reset until the PLL locks.
+The scan harness's pins are on the board's switches and LEDs:
 
 * ``switch 0``: ``scan_in``; ``switch 1``: ``scan_capture``; ``led 0``: ``scan_out``.
 
@@ -17,7 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-from amaranth.hdl import Elaboratable, Module
+from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
+from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards.ulx3s import (ULX3S_25F_Platform, ULX3S_45F_Platform,
                                    ULX3S_85F_Platform)
 
@@ -26,7 +28,11 @@ from .flow import REPO_ROOT, FlowError
 from .harness import ScanHarness
 
 
-__all__ = ["BOARDS", "BoardTop", "build_board"]
+__all__ = ["BOARDS", "BoardTop", "build_board", "CLOCK_MHZ"]
+
+
+#: The board's NPU clock: the PLL below makes exactly this from 25 MHz.
+CLOCK_MHZ = 20
 
 
 def _npu_platform(base):
@@ -49,6 +55,24 @@ class BoardTop(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
+        m.domains.sync = sync = ClockDomain("sync")
+        oscillator = platform.request("clk25", 0)
+        locked = Signal()
+        m.submodules.pll = Instance(
+            "EHXPLLL",
+            a_FREQUENCY_PIN_CLKI="25", a_FREQUENCY_PIN_CLKOP=str(CLOCK_MHZ),
+            a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1",
+            a_MFG_GMCREF_SEL="2",
+            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
+            p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD",
+            p_CLKI_DIV=5, p_CLKFB_DIV=4, p_CLKOP_ENABLE="ENABLED", p_CLKOP_DIV=30,
+            p_CLKOP_CPHASE=15, p_CLKOP_FPHASE=0, p_FEEDBK_PATH="CLKOP",
+            i_RST=0, i_STDBY=0, i_CLKI=oscillator.i, o_CLKOP=sync.clk, i_CLKFB=sync.clk,
+            i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
+            i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
+        platform.add_clock_constraint(sync.clk, CLOCK_MHZ * 1e6)
+        m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
         m.submodules.harness = harness = ScanHarness(NPU(self.config), own_clock=False)
         scan_in = platform.request("switch", 0)
         scan_capture = platform.request("switch", 1)

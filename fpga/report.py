@@ -91,11 +91,22 @@ def _cell(name):
     return name
 
 
+def _through(critical):
+    """The block the path spends most of its delay in (netlist cells are named after their
+    hierarchy, or after the cells they drive, so both ends may look like the harness)."""
+    delay = {}
+    for step in critical["steps"]:
+        block = _block(step["from"])
+        delay[block] = delay.get(block, 0) + step["delay_ns"]
+    inside = {block: ns for block, ns in delay.items() if block != "scan harness"}
+    return max(inside or delay, key=(inside or delay).get)
+
+
 def _path_summary(critical):
     if not critical:
         return "-"
     return (f"{critical['delay_ns']:.2f} ns ({critical['routing_ns']:.2f} routing), "
-            f"{_block(critical['from'])} -> {_block(critical['to'])}")
+            f"in {_through(critical)}")
 
 
 def _row(report):
@@ -118,7 +129,8 @@ def _endpoints(reports):
             lines.append(f"* {report['config']} {report.get('top', 'npu')}: "
                          f"`{_cell(critical['from'])}` -> `{_cell(critical['to'])}`, "
                          f"{critical['delay_ns']:.2f} ns of which {critical['logic_ns']:.2f} "
-                         f"logic, {len(critical['steps'])} steps")
+                         f"logic, {len(critical['steps'])} steps, mostly in "
+                         f"{_through(critical)}")
     return lines
 
 
