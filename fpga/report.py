@@ -283,9 +283,10 @@ its utilization in `pnr.log`.
 CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's own Trellis
 build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and `npu.tim`, the
 nextpnr log with its timing). It is the same harnessed NPU with the same MULT18X18D PEs, on
-the board's pins: the 25 MHz oscillator is the clock (the platform's reset synchronizer holds
-the design in reset until configuration is done), `switch 0` is `scan_in`, `switch 1` is
-`scan_capture` and `led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs
+the board's pins: an EHXPLLL makes a 20 MHz clock from the 25 MHz oscillator (the whole NPU
+does not reach 25 MHz, above) and holds the design in reset until it locks, `switch 0` is
+`scan_in`, `switch 1` is `scan_capture` and `led 0` is `scan_out`. It proves that the whole
+NPU builds, fits and packs
 for a real part and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no
 DRAM behind its AXI ports.
 
