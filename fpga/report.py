@@ -209,7 +209,25 @@ def render(npu, array, baselines=(), options=None, others=()):
         "",
     ]
     lines += _STATIC.splitlines()
+    lines += _boards()
     return "\n".join(lines) + "\n"
+
+
+def _boards():
+    """What the last ``make fpga-board`` builds reached (from their nextpnr logs)."""
+    lines = []
+    for folder in sorted((REPO_ROOT / "build" / "fpga").glob("board_*")):
+        log, bitstream = folder / "npu.tim", folder / "npu.bit"
+        if not (log.exists() and bitstream.exists()):
+            continue
+        found = [line for line in log.read_text(errors="replace").splitlines()
+                 if "Max frequency" in line]
+        if found:
+            lines.append(f"* `{folder.name}`: {found[-1].split('Max frequency for clock ')[-1]}"
+                         f"; `npu.bit` {bitstream.stat().st_size} bytes")
+    if lines:
+        lines = ["", "## Board builds found in build/fpga", ""] + lines
+    return lines
 
 
 _STATIC = """\
