@@ -255,8 +255,10 @@ _STATIC = """\
   constraints that keep each PE's logic beside its DSP.
 * **Peak throughput above 51.2 GOPS** needs more PEs than there are MULT18X18D (156 on the
   85F, so 12 x 12 is the largest all-DSP square array) or 12 x 12 above 178 MHz. The flow
-  builds larger arrays with Booth LUT multipliers for the PEs beyond the DSPs (`-nodsp`),
-  but the LUT multipliers and their routing are slower still.
+  builds larger arrays with Booth LUT multipliers for the PEs beyond the DSPs (`-nodsp`;
+  `python -m fpga run --top array --config 16x16` synthesizes to 156 PEs on MULT18X18D and
+  100 on LUTs), but the LUT multipliers and their routing are slower still; the best
+  measured here is the 12 x 12 array alone (table above).
 
 ## How the build is made
 
