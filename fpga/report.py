@@ -257,8 +257,9 @@ _STATIC = """\
   85F, so 12 x 12 is the largest all-DSP square array) or 12 x 12 above 178 MHz. The flow
   builds larger arrays with Booth LUT multipliers for the PEs beyond the DSPs (`-nodsp`;
   `python -m fpga run --top array --config 16x16` synthesizes to 156 PEs on MULT18X18D and
-  100 on LUTs), but the LUT multipliers and their routing are slower still; the best
-  measured here is the 12 x 12 array alone (table above).
+  100 on LUTs), but the LUT multipliers and their routing are slower still: the array
+  table has what each size reaches. None of it reaches 51.2 GOPS yet; the whole NPU is far
+  below, at the controller's Fmax.
 
 ## How the build is made
 
