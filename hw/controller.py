@@ -283,8 +283,9 @@ class Controller(wiring.Component):
             # The byte after the last one a 2-D block touches (more than 32 bits: it wraps).
             return addr + (rows_ - 1) * stride + row_bytes
 
-        head_lo = Signal(34)
-        head_hi = Signal(34)
+        # Wide enough for any operands: 32-bit address + 16-bit rows x 32-bit stride + bytes.
+        head_lo = Signal(50)
+        head_hi = Signal(50)
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD_SPAD, Opcode.LOAD_ACC):
                 m.d.comb += [head_lo.eq(load.dram_addr),
