@@ -13,7 +13,7 @@ FPGA_ARRAY_CONFIGS ?= 4x4,8x8,12x12,16x16
 JOBS    ?= auto
 STAMP   := $(VENV)/.installed
 
-.PHONY: all venv icarus sim demo test test-full formal verilog lint trace fpga fpga-report fpga-board clean distclean help
+.PHONY: all venv icarus sim demo test test-full formal bench verilog lint trace fpga fpga-report fpga-board clean distclean help
 
 all: test
 
@@ -25,6 +25,7 @@ help:
 	@echo "make lint CONFIG=RxC     verilator --lint-only -Wall on that Verilog (waivers: sim/lint.vlt)"
 	@echo "make trace               the seeds' 2x2 trace, simulated"
 	@echo "make demo                the digits CNN on the NPU under Verilator -> docs/demo.md"
+	@echo "make bench               utilization sweep and simulator speed -> docs/performance.md"
 	@echo "make formal              bounded formal proofs of PE, array and DMA (formal/)"
 	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F   ECP5 synthesis + place and route -> build/fpga/*/report.json"
 	@echo "make fpga-report         the ECP5 flow for FPGA_CONFIGS ($(FPGA_CONFIGS)) -> docs/fpga.md"
@@ -64,6 +65,12 @@ test-full: venv
 
 formal: venv
 	$(PY) -m formal
+
+# The utilization sweep and simulator speeds under Verilator -> docs/performance.md and
+# docs/utilization.png (about 15 minutes on 2 cores).
+bench: venv
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m sim.perf_bench
 
 verilog: venv
 	@mkdir -p build

@@ -268,95 +268,104 @@ class Controller(wiring.Component):
         sd_lo = Signal(34)           # DRAM bytes [sd_lo, sd_hi) the store may write
         sd_hi = Signal(34)
 
-        # ------------------------------------------------------------ the head instruction
-        instr = Signal(Instruction)
-        head_fetch_error = Signal()
-        m.d.comb += [
-            instr.eq(iq.r_data[:INSTR_BITS]),
-            head_fetch_error.eq(iq.r_data[INSTR_BITS]),
-        ]
-        opcode = instr.opcode
-        load, store, quant = instr.args.load, instr.args.store, instr.args.quant
-        preload, matmul = instr.args.preload, instr.args.matmul
+        # ------------------------------------------------------------ decode stage
+        # The instruction at the queue's head is decoded (DRAM bounds, operand checks) into
+        # registers, a cycle before the issue stage looks at it: the bounds' multiply and the
+        # checks' carry chains do not share a cycle with the hazard checks and the issue.
+        fetched = Signal(Instruction)
+        m.d.comb += fetched.eq(iq.r_data[:INSTR_BITS])
+        opcode = fetched.opcode
+        load, store, quant = fetched.args.load, fetched.args.store, fetched.args.quant
+        preload, matmul = fetched.args.preload, fetched.args.matmul
 
         def block_end(addr, rows_, stride, row_bytes):
             # The byte after the last one a 2-D block touches (more than 32 bits: it wraps).
             return addr + (rows_ - 1) * stride + row_bytes
 
         # Wide enough for any operands: 32-bit address + 16-bit rows x 32-bit stride + bytes.
-        head_lo = Signal(50)
-        head_hi = Signal(50)
+        next_lo = Signal(50)
+        next_hi = Signal(50)
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD_SPAD, Opcode.LOAD_ACC):
-                m.d.comb += [head_lo.eq(load.dram_addr),
-                             head_hi.eq(block_end(load.dram_addr, load.rows, load.dram_stride,
+                m.d.comb += [next_lo.eq(load.dram_addr),
+                             next_hi.eq(block_end(load.dram_addr, load.rows, load.dram_stride,
                                                   load.row_bytes))]
             with m.Case(Opcode.STORE, Opcode.STORE_Q):
-                m.d.comb += [head_lo.eq(store.dram_addr),
-                             head_hi.eq(block_end(store.dram_addr, store.rows,
+                m.d.comb += [next_lo.eq(store.dram_addr),
+                             next_hi.eq(block_end(store.dram_addr, store.rows,
                                                   store.dram_stride, store.row_bytes))]
             with m.Case(Opcode.LOAD_QUANT):
-                m.d.comb += [head_lo.eq(quant.dram_addr),
-                             head_hi.eq(quant.dram_addr + quant.dram_stride + quant.row_bytes)]
-        dram_overflow = head_hi > (1 << 32)
+                m.d.comb += [next_lo.eq(quant.dram_addr),
+                             next_hi.eq(quant.dram_addr + quant.dram_stride + quant.row_bytes)]
+        dram_overflow = next_hi > (1 << 32)
 
         # Operand checks, in the order the ISA documents them.
-        check = Signal(8)
+        next_check = Signal(8)
         with m.Switch(opcode):
             with m.Case(Opcode.END):
                 pass
             with m.Case(Opcode.LOAD_SPAD):
                 with m.If((load.rows == 0) | (load.row_bytes == 0) |
                           (load.row_bytes > config.spad_row_bytes)):
-                    m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
+                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
                 with m.Elif(load.local_addr + load.rows > config.spad_depth):
-                    m.d.comb += check.eq(ErrorCode.SPAD_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.SPAD_RANGE)
                 with m.Elif(dram_overflow):
-                    m.d.comb += check.eq(ErrorCode.DRAM_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
             with m.Case(Opcode.LOAD_ACC):
                 with m.If((load.rows == 0) | (load.row_bytes == 0) |
                           (load.row_bytes > config.acc_row_bytes)):
-                    m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
+                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
                 with m.Elif(load.local_addr + load.rows > config.acc_depth):
-                    m.d.comb += check.eq(ErrorCode.ACC_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
                 with m.Elif(dram_overflow):
-                    m.d.comb += check.eq(ErrorCode.DRAM_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
             with m.Case(Opcode.PRELOAD):
                 with m.If(preload.spad_addr + rows > config.spad_depth):
-                    m.d.comb += check.eq(ErrorCode.SPAD_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.SPAD_RANGE)
             with m.Case(Opcode.MATMUL):
                 with m.If((matmul.rows == 0) | (matmul.k_width > rows) |
                           (matmul.n_width > cols)):
-                    m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
+                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
                 with m.Elif(matmul.spad_addr + matmul.rows > config.spad_depth):
-                    m.d.comb += check.eq(ErrorCode.SPAD_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.SPAD_RANGE)
                 with m.Elif(matmul.acc_addr + matmul.rows > config.acc_depth):
-                    m.d.comb += check.eq(ErrorCode.ACC_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
             with m.Case(Opcode.STORE):
                 with m.If((store.rows == 0) | (store.row_bytes == 0) |
                           (store.row_bytes[:2] != 0) |
                           (store.row_bytes > config.acc_row_bytes)):
-                    m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
+                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
                 with m.Elif(store.acc_addr + store.rows > config.acc_depth):
-                    m.d.comb += check.eq(ErrorCode.ACC_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
                 with m.Elif(dram_overflow):
-                    m.d.comb += check.eq(ErrorCode.DRAM_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
             with m.Case(Opcode.STORE_Q):
                 with m.If((store.rows == 0) | (store.row_bytes == 0) |
                           (store.row_bytes > cols)):
-                    m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
+                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
                 with m.Elif(store.acc_addr + store.rows > config.acc_depth):
-                    m.d.comb += check.eq(ErrorCode.ACC_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
                 with m.Elif(dram_overflow):
-                    m.d.comb += check.eq(ErrorCode.DRAM_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
             with m.Case(Opcode.LOAD_QUANT):
                 with m.If((quant.row_bytes == 0) | (quant.row_bytes[:2] != 0) |
                           (quant.row_bytes > config.acc_row_bytes)):
-                    m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
+                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
                 with m.Elif(dram_overflow):
-                    m.d.comb += check.eq(ErrorCode.DRAM_RANGE)
+                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
             with m.Default():
-                m.d.comb += check.eq(ErrorCode.ILLEGAL_OPCODE)
+                m.d.comb += next_check.eq(ErrorCode.ILLEGAL_OPCODE)
+
+        dec_valid = Signal()
+        instr = Signal(Instruction)
+        head_lo = Signal(50)
+        head_hi = Signal(50)
+        check = Signal(8)
+        head_fetch_error = Signal()
+        opcode = instr.opcode
+        load, store, quant = instr.args.load, instr.args.store, instr.args.quant
+        preload, matmul = instr.args.preload, instr.args.matmul
 
         # ------------------------------------------------------------ hazards
         def overlap(a, a_rows, b, b_rows):
@@ -435,7 +444,7 @@ class Controller(wiring.Component):
                 raise_error(1, ErrorCode.START_BUSY, self.pc)
             with m.Elif(self.pc == self.prog_len):
                 raise_error(1, ErrorCode.PROGRAM, self.pc)
-            with m.Elif(~iq.r_rdy):
+            with m.Elif(~dec_valid):
                 m.d.sync += self.perf.stall_fetch.eq(self.perf.stall_fetch + 1)
             with m.Elif(head_fetch_error):
                 raise_error(1, ErrorCode.BUS_READ, self.pc)
@@ -452,8 +461,8 @@ class Controller(wiring.Component):
                 m.d.comb += issue.eq(1)
 
         with m.If(issue):
-            m.d.comb += iq.r_en.eq(1)
-            m.d.sync += self.perf.instructions.eq(self.perf.instructions + 1)
+            m.d.sync += [dec_valid.eq(0),
+                         self.perf.instructions.eq(self.perf.instructions + 1)]
             with m.If(opcode != Opcode.END):
                 m.d.sync += self.pc.eq(self.pc + 1)
             with m.Switch(opcode):
@@ -499,6 +508,14 @@ class Controller(wiring.Component):
                     ]
                     with m.If((head_lo < prog_end) & (self.prog_addr < head_hi)):
                         m.d.sync += refetch.eq(1)
+
+        # The decode stage takes the next instruction as the issue stage frees it.
+        with m.If(iq.r_rdy & (~dec_valid | issue)):
+            m.d.comb += iq.r_en.eq(1)
+            m.d.sync += [
+                dec_valid.eq(1), instr.eq(fetched), head_lo.eq(next_lo), head_hi.eq(next_hi),
+                check.eq(next_check), head_fetch_error.eq(iq.r_data[INSTR_BITS]),
+            ]
 
         # ------------------------------------------------------------ fetcher
         fetch_rows = Signal(range(FETCH_BURST + 1))
@@ -552,7 +569,8 @@ class Controller(wiring.Component):
         # After a store over the program: drop what was fetched, read on from the next one.
         with m.If(refetch & ~sd_busy & ~reader_busy):
             m.d.comb += iq_flush.eq(1)
-            m.d.sync += [refetch.eq(0), fetch_pc.eq(self.pc), fetch_stop.eq(0)]
+            m.d.sync += [refetch.eq(0), fetch_pc.eq(self.pc), fetch_stop.eq(0),
+                         dec_valid.eq(0)]
 
         # ------------------------------------------------------------ load unit
         loading = reader_busy & reader_is_load
@@ -740,6 +758,7 @@ class Controller(wiring.Component):
                 self.done.eq(0), self.error.eq(0), self.error_code.eq(0),
                 self.error_pc.eq(0), self.pc.eq(0), self.cycles.eq(1),
                 fetch_pc.eq(0), fetch_stop.eq(0), refetch.eq(0), stopping.eq(0),
+                dec_valid.eq(0),
                 self.perf.eq(0),
             ]
             with m.If((self.prog_addr[:4] != 0) | (self.prog_len == 0) |

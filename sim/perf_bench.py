@@ -1,0 +1,223 @@
+"""``make bench``: the utilization sweep from the hardware's counters, and simulator speed.
+
+Runs GEMMs under Verilator, reads the cycle and performance counters, and writes
+``docs/performance.md`` (shape, config, RTL cycles, the compiler's estimate, utilization, the
+mapping ceiling, SCALE-Sim's weight-stationary figure) and ``docs/utilization.png``
+(utilization against M). It then measures simulated cycles per wall-clock second of a
+compute-bound GEMM under Verilator, Icarus and Amaranth's simulator.
+
+    python -m sim.perf_bench [--quick] [--out docs/performance.md]
+
+Every GEMM is checked bit-exactly against numpy; a mismatch stops the benchmark.
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hw.config import NPUConfig
+from sw.compiler import _ceil_div, estimate_cycles, plan_gemm, scalesim_cycles
+from sw.driver import gemm_batch, reference_gemm
+
+
+__all__ = ["main"]
+
+
+SEED = 20261202
+
+#: (config name, bus width, [(M, K, N), ...]): the sweep.
+SWEEP = [
+    ("4x4", 64, [(m, 64, 64) for m in (16, 64, 256)]),
+    ("8x8", 64, [(m, 256, 256) for m in (16, 64, 128, 256)] + [(64, 100, 100)]),
+    ("16x16", 128, [(m, 256, 256) for m in (16, 64, 128, 256)] + [(3136, 100, 100)]),
+]
+QUICK_SWEEP = [
+    ("4x4", 64, [(16, 64, 64), (64, 64, 64)]),
+    ("8x8", 64, [(64, 100, 100)]),
+]
+
+
+def _operands(rng, m, k, n):
+    return (rng.integers(-128, 128, size=(m, k), dtype=np.int8),
+            rng.integers(-128, 128, size=(k, n), dtype=np.int8))
+
+
+def run_sweep(sweep):
+    rng = np.random.default_rng(SEED)
+    rows = []
+    for name, bus_width, shapes in sweep:
+        config = NPUConfig.from_name(name, bus_width=bus_width)
+        pairs = [_operands(rng, *shape) for shape in shapes]
+        print(f"{name} ({bus_width}-bit): {len(shapes)} GEMMs under Verilator", flush=True)
+        results = gemm_batch(pairs, config=config, sim="verilator")
+        for (m, k, n), (a, b), result in zip(shapes, pairs, results):
+            if not np.array_equal(result.c, reference_gemm(a, b)):
+                sys.exit(f"{m}x{k}x{n} on {name}: not bit-exact (seed {SEED})")
+            pes = config.rows * config.cols
+            plan = result.plan
+            scalesim = scalesim_cycles(config, m, k, n)
+            rows.append(dict(
+                m=m, k=k, n=n, config=name, bus=bus_width, cycles=result.cycles,
+                estimate=estimate_cycles(plan, config),
+                utilization=m * k * n / (result.cycles * pes),
+                ceiling=plan.mapping_efficiency, scalesim=scalesim,
+                scalesim_utilization=m * k * n / (scalesim * pes), perf=result.perf))
+    return rows
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    for name, bus, _ in SWEEP:
+        points = sorted((r["m"], r["utilization"]) for r in rows
+                        if r["config"] == name and r["k"] == r["n"] and r["k"] in (64, 256))
+        if points:
+            axes.plot(*zip(*points), marker="o", label=f"{name}, {bus}-bit bus (RTL)")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("M (rows of A), K = N = 64 on 4x4, 256 otherwise")
+    axes.set_ylabel("utilization (hardware counters)")
+    axes.set_ylim(0, 1.02)
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def simulator_speed():
+    """Simulated cycles per wall-clock second of a compute-bound GEMM on 8x8, end to end (the
+    cached simulator build excluded, its start and the test bench included)."""
+    config = NPUConfig.from_name("8x8")
+    rng = np.random.default_rng(SEED)
+    speeds = []
+    for sim, shape in (("verilator", (256, 256, 256)), ("icarus", (32, 64, 64))):
+        pair = _operands(rng, *shape)
+        gemm_batch([pair], config=config, sim=sim)      # build (cached) and warm up
+        start = time.perf_counter()
+        (result,) = gemm_batch([pair], config=config, sim=sim)
+        wall = time.perf_counter() - start
+        speeds.append((sim, shape, result.cycles, wall))
+    speeds.append(_amaranth_speed(config, rng))
+    return speeds
+
+
+def _amaranth_speed(config, rng):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tb"))
+    from test_controller import Job, run_jobs
+    from sw.compiler import compile_gemm
+
+    m, k, n = 8, 32, 32
+    a, b = _operands(rng, m, k, n)
+    a_addr, b_addr, c_addr = 0x10000, 0x20000, 0x30000
+    program = compile_gemm(config, m, k, n, a_addr=a_addr, b_addr=b_addr, c_addr=c_addr)
+    job = Job(program.words, prog_addr=0x1000,
+              data=[(a_addr, a.tobytes()), (b_addr, b.tobytes())])
+    start = time.perf_counter()
+    (outcome,), model = run_jobs([job], seed=SEED, config=config, ready_probability=1.0,
+                                 max_latency=0)
+    wall = time.perf_counter() - start
+    c = np.frombuffer(bytes(model.peek(c_addr, 4 * m * n)), dtype="<i4").reshape(m, n)
+    if not np.array_equal(c, reference_gemm(a, b)):
+        sys.exit("Amaranth simulation: not bit-exact")
+    return ("amaranth", (m, k, n), outcome.cycles, wall)
+
+
+def write_report(rows, speeds, path, plot_path):
+    lines = [
+        "# Performance",
+        "",
+        "Written by `make bench` (`python -m sim.perf_bench`) on "
+        f"{datetime.date.today().isoformat()}; seed {SEED}. Every figure comes from the "
+        "hardware's own counters in Verilator simulation (`CYCLES` and `PERF_*`: start to "
+        "done, instruction fetch and DMA included), with cocotbext-axi's `AxiRam` as DRAM and "
+        "no back-pressure; every GEMM was bit-exact.",
+        "",
+        "Utilization = M * K * N / (cycles * R * C). The mapping ceiling is the useful share "
+        "of the weight tiles' PE-cells (seeds section 4.1). SCALE-Sim's weight-stationary "
+        "model does not overlap tiles: cycles = ceil(K/R) * ceil(N/C) * (2R + C + M - 2). "
+        "The estimate is `npu plan`'s (`sw.compiler.estimate_cycles`), a balance of array, "
+        "DMA reader and store time: not yet the cycle-exact model issue 3 asks for.",
+        "",
+        "| M x K x N | config | bus | RTL cycles | estimate | utilization | mapping ceiling "
+        "| share of ceiling | SCALE-Sim cycles | SCALE-Sim util. |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        estimate = "-" if r["estimate"] is None else f"{r['estimate']:,}"
+        lines.append(
+            f"| {r['m']} x {r['k']} x {r['n']} | {r['config']} | {r['bus']} | "
+            f"{r['cycles']:,} | {estimate} | {r['utilization']:.1%} | {r['ceiling']:.1%} | "
+            f"{r['utilization'] / r['ceiling']:.1%} | {r['scalesim']:,} | "
+            f"{r['scalesim_utilization']:.1%} |")
+    lines += [
+        "",
+        f"![utilization against M]({plot_path.name})",
+        "",
+        "Counters of each run (stall cycles are issue-stage cycles, by the first unit that "
+        "held the instruction back):",
+        "",
+        "| M x K x N | config | array rows | useful MACs | stall fetch | stall load | "
+        "stall store | stall array | instructions | bytes read | bytes written |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["perf"]
+        lines.append(
+            f"| {r['m']} x {r['k']} x {r['n']} | {r['config']} | {p['array_rows']:,} | "
+            f"{p['useful_macs']:,} | {p['stall_fetch']:,} | {p['stall_load']:,} | "
+            f"{p['stall_store']:,} | {p['stall_array']:,} | {p['instructions']:,} | "
+            f"{p['read_bytes']:,} | {p['write_bytes']:,} |")
+    lines += [
+        "",
+        "## Simulator speed",
+        "",
+        "Simulated cycles per wall-clock second on 8x8, end to end: the simulator's start, "
+        "the cocotb bench (or Amaranth's test bench) loading DRAM and reading the result "
+        "included, the cached build excluded. One run each, on the 2-core development "
+        "machine, so expect a spread.",
+        "",
+        "| simulator | GEMM | cycles | wall time | cycles per second |",
+        "|---|---|---|---|---|",
+    ]
+    for sim, (m, k, n), cycles, wall in speeds:
+        lines.append(f"| {sim} | {m} x {k} x {n} | {cycles:,} | {wall:.1f} s | "
+                     f"{cycles / wall:,.0f} |")
+    lines += [
+        "",
+        "## What is not done yet",
+        "",
+        "* A cycle-exact model: the estimate above balances array, DMA-reader and store time "
+        "and is off by a few percent on the large shapes, more on store-bound ones.",
+        "* The DMA writer takes one row at a time (about two cycles per row beyond its "
+        "beats), so layers with many INT32 output rows, such as the seeds' pointwise layer, "
+        "are bound by their stores; rows that are contiguous in DRAM still go one burst each.",
+        "* The cocotb runner's `--public-flat-rw` is still on (a Verilator config file that "
+        "makes only the top public would be faster).",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m sim.perf_bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a small sweep, for a check")
+    parser.add_argument("--out", default="docs/performance.md", type=Path)
+    parser.add_argument("--no-speed", action="store_true", help="skip the simulator speeds")
+    arguments = parser.parse_args(argv)
+    rows = run_sweep(QUICK_SWEEP if arguments.quick else SWEEP)
+    plot_path = arguments.out.with_name("utilization.png")
+    plot(rows, plot_path)
+    speeds = [] if arguments.no_speed else simulator_speed()
+    write_report(rows, speeds, arguments.out, plot_path)
+    print(f"wrote {arguments.out} and {plot_path}")
+
+
+if __name__ == "__main__":
+    main()
