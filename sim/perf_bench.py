@@ -174,7 +174,7 @@ def write_report(rows, speeds, path, plot_path):
             f"{p['useful_macs']:,} | {p['stall_fetch']:,} | {p['stall_load']:,} | "
             f"{p['stall_store']:,} | {p['stall_array']:,} | {p['instructions']:,} | "
             f"{p['read_bytes']:,} | {p['write_bytes']:,} |")
-    lines += [
+    speed_lines = [
         "",
         "## Simulator speed",
         "",
@@ -187,8 +187,10 @@ def write_report(rows, speeds, path, plot_path):
         "|---|---|---|---|---|",
     ]
     for sim, (m, k, n), cycles, wall in speeds:
-        lines.append(f"| {sim} | {m} x {k} x {n} | {cycles:,} | {wall:.1f} s | "
-                     f"{cycles / wall:,.0f} |")
+        speed_lines.append(f"| {sim} | {m} x {k} x {n} | {cycles:,} | {wall:.1f} s | "
+                           f"{cycles / wall:,.0f} |")
+    if speeds:
+        lines += speed_lines
     lines += [
         "",
         "## What is not done yet",
