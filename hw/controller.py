@@ -299,30 +299,35 @@ class Controller(wiring.Component):
                              next_hi.eq(quant.dram_addr + quant.dram_stride + quant.row_bytes)]
         dram_overflow = next_hi > (1 << 32)
 
-        # Operand checks, in the order the ISA documents them.
+        # Operand checks, in the order the ISA documents them: lengths, local range, DRAM.
         next_check = Signal(8)
+
+        def checks(bad_length, local_range=None, range_code=None, dram=False):
+            with m.If(bad_length):
+                m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
+            if local_range is not None:
+                with m.Elif(local_range):
+                    m.d.comb += next_check.eq(range_code)
+            if dram:
+                with m.Elif(dram_overflow):
+                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
+
+        def bad_block(args, row_limit):
+            return (args.rows == 0) | (args.row_bytes == 0) | (args.row_bytes > row_limit)
+
         with m.Switch(opcode):
             with m.Case(Opcode.END):
                 pass
             with m.Case(Opcode.LOAD_SPAD):
-                with m.If((load.rows == 0) | (load.row_bytes == 0) |
-                          (load.row_bytes > config.spad_row_bytes)):
-                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
-                with m.Elif(load.local_addr + load.rows > config.spad_depth):
-                    m.d.comb += next_check.eq(ErrorCode.SPAD_RANGE)
-                with m.Elif(dram_overflow):
-                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
+                checks(bad_block(load, config.spad_row_bytes),
+                       load.local_addr + load.rows > config.spad_depth, ErrorCode.SPAD_RANGE,
+                       dram=True)
             with m.Case(Opcode.LOAD_ACC):
-                with m.If((load.rows == 0) | (load.row_bytes == 0) |
-                          (load.row_bytes > config.acc_row_bytes)):
-                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
-                with m.Elif(load.local_addr + load.rows > config.acc_depth):
-                    m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
-                with m.Elif(dram_overflow):
-                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
+                checks(bad_block(load, config.acc_row_bytes),
+                       load.local_addr + load.rows > config.acc_depth, ErrorCode.ACC_RANGE,
+                       dram=True)
             with m.Case(Opcode.PRELOAD):
-                with m.If(preload.spad_addr + rows > config.spad_depth):
-                    m.d.comb += next_check.eq(ErrorCode.SPAD_RANGE)
+                checks(0, preload.spad_addr + rows > config.spad_depth, ErrorCode.SPAD_RANGE)
             with m.Case(Opcode.MATMUL):
                 with m.If((matmul.rows == 0) | (matmul.k_width > rows) |
                           (matmul.n_width > cols)):
@@ -332,28 +337,16 @@ class Controller(wiring.Component):
                 with m.Elif(matmul.acc_addr + matmul.rows > config.acc_depth):
                     m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
             with m.Case(Opcode.STORE):
-                with m.If((store.rows == 0) | (store.row_bytes == 0) |
-                          (store.row_bytes[:2] != 0) |
-                          (store.row_bytes > config.acc_row_bytes)):
-                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
-                with m.Elif(store.acc_addr + store.rows > config.acc_depth):
-                    m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
-                with m.Elif(dram_overflow):
-                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
+                checks(bad_block(store, config.acc_row_bytes) | (store.row_bytes[:2] != 0),
+                       store.acc_addr + store.rows > config.acc_depth, ErrorCode.ACC_RANGE,
+                       dram=True)
             with m.Case(Opcode.STORE_Q):
-                with m.If((store.rows == 0) | (store.row_bytes == 0) |
-                          (store.row_bytes > cols)):
-                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
-                with m.Elif(store.acc_addr + store.rows > config.acc_depth):
-                    m.d.comb += next_check.eq(ErrorCode.ACC_RANGE)
-                with m.Elif(dram_overflow):
-                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
+                checks(bad_block(store, cols),
+                       store.acc_addr + store.rows > config.acc_depth, ErrorCode.ACC_RANGE,
+                       dram=True)
             with m.Case(Opcode.LOAD_QUANT):
-                with m.If((quant.row_bytes == 0) | (quant.row_bytes[:2] != 0) |
-                          (quant.row_bytes > config.acc_row_bytes)):
-                    m.d.comb += next_check.eq(ErrorCode.BAD_LENGTH)
-                with m.Elif(dram_overflow):
-                    m.d.comb += next_check.eq(ErrorCode.DRAM_RANGE)
+                checks((quant.row_bytes == 0) | (quant.row_bytes[:2] != 0) |
+                       (quant.row_bytes > config.acc_row_bytes), dram=True)
             with m.Default():
                 m.d.comb += next_check.eq(ErrorCode.ILLEGAL_OPCODE)
 

@@ -13,7 +13,6 @@ Every GEMM is checked bit-exactly against numpy; a mismatch stops the benchmark.
 
 import argparse
 import datetime
-import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import NPUConfig
-from sw.compiler import _ceil_div, estimate_cycles, plan_gemm, scalesim_cycles
+from sw.compiler import estimate_cycles, scalesim_cycles
 from sw.driver import gemm_batch, reference_gemm
 
 
