@@ -10,6 +10,7 @@ from pathlib import Path
 
 import cocotb
 import numpy as np
+from cocotb.triggers import ReadOnly, RisingEdge
 
 from .bench import TB, ProgramHang
 
@@ -23,6 +24,9 @@ async def run_job(dut):
 
     tb = TB(dut, dram_size=dram_size)
     await tb.reset()
+    trace = os.environ.get("NPU_TRACE")
+    if trace:
+        cocotb.start_soon(_trace(dut, Path(trace)))
     results = []
     for index, (program, image) in enumerate(zip(spec["programs"], images)):
         tb.dram.write(0, image.tobytes() + bytes(dram_size - len(image)))
@@ -43,3 +47,37 @@ async def run_job(dut):
             "perf": outcome.perf,
         })
     (job / "result.json").write_text(json.dumps(results))
+
+
+#: Signals recorded by ``NPU_TRACE=<file>``: the bus handshakes and the controller's units.
+TRACE_SIGNALS = [
+    "m_axi_arvalid", "m_axi_arready", "m_axi_arlen", "m_axi_rvalid", "m_axi_rready",
+    "m_axi_awvalid", "m_axi_awready", "m_axi_wvalid", "m_axi_wready", "m_axi_bvalid",
+    "npu.controller.pc", "npu.controller.dec_valid", "npu.controller.ld_busy",
+    "npu.controller.wl_busy", "npu.controller.st_busy", "npu.controller.reader_busy", "npu.controller.wb_count",
+    "npu.controller.store_state", "npu.dma.writer_state", "npu.controller.iq.level",
+]
+
+
+async def _trace(dut, path):
+    """Record :data:`TRACE_SIGNALS` in every cycle the controller runs (the first program),
+    one line per cycle: the controller's cycle count, then the signals, in ``path``."""
+    handles = []
+    for name in TRACE_SIGNALS:
+        handle = dut
+        for part in name.split("."):
+            handle = getattr(handle, part)
+        handles.append(handle)
+    running = dut.npu.controller.running
+    lines = ["cycles " + " ".join(TRACE_SIGNALS)]
+    started = False
+    while True:
+        await RisingEdge(dut.clk)
+        await ReadOnly()
+        if int(running.value):
+            started = True
+            values = [dut.npu.controller.cycles] + handles
+            lines.append(" ".join(str(int(h.value)) for h in values))
+        elif started:
+            break
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,367 @@
+"""The cycle model: how many cycles a program takes on the RTL, and its performance counters.
+
+:func:`predict` runs a program's instructions through a model of the controller's timing
+(``hw/controller.py``) and of the DMA engine (``hw/dma.py``), one clock cycle at a time, and
+returns the cycle count and the counters the hardware reports (:data:`sw.backend.PERF_COUNTERS`)
+without computing any data. It follows the RTL register for register where timing is
+decided: the fetcher and its instruction queue, the decode stage, the issue stage's hazard
+checks, the four units, the array's latency, the accumulator's read-modify-write, the DMA's
+bursts and row geometry. ``tb/test_timing.py`` checks that it equals the RTL's own counters,
+cycle for cycle, on a sweep of GEMM shapes and configurations.
+
+The DRAM is modelled as the simulation's bus models answer (:class:`sim.bench.Dram`,
+cocotbext-axi's AXI4 slave without back-pressure): a read command's first beat arrives in
+the third cycle after the command is taken and the rest follow one per cycle; write
+addresses and data are always accepted; a burst's write response comes two cycles after
+its last beat. Other DRAM timing changes the count, not the results; so does back-pressure.
+
+Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``, ``MATMUL``,
+``STORE`` and ``END``; programs are assumed to run without error.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+from hw.isa import INSTR_BYTES, Opcode
+
+from . import codec
+from .errors import NPUValueError
+
+
+__all__ = ["Timing", "predict", "predict_gemm", "READ_LATENCY", "WRITE_RESPONSE_LATENCY"]
+
+
+#: Cycles from the cycle a read command is granted to its first data beat, minus one: the
+#: command is taken (cycle ``g``), the DMA sends its first address (``g + 1``), the first beat
+#: arrives in ``g + 3``.
+READ_LATENCY = 3
+#: Cycles from a burst's last write beat to its write response.
+WRITE_RESPONSE_LATENCY = 2
+
+_MODELLED = {Opcode.END, Opcode.LOAD_SPAD, Opcode.PRELOAD, Opcode.MATMUL, Opcode.STORE}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What :func:`predict` found.
+
+    Attributes
+    ----------
+    cycles : int
+        The ``CYCLES`` register at the end: cycles from start to done.
+    perf : dict
+        The performance counters, by the names of :data:`sw.backend.PERF_COUNTERS`, and
+        ``cycles``.
+    """
+    cycles: int
+    perf: dict
+
+
+def _beats(addr, row_bytes, bus_bytes):
+    return (addr % bus_bytes + row_bytes + bus_bytes - 1) // bus_bytes
+
+
+def _overlap(a, a_rows, b, b_rows):
+    return a < b + b_rows and b < a + a_rows
+
+
+def _decode_program(words):
+    program = []
+    for index, word in enumerate(words):
+        opcode, fields = codec.decode(word)
+        if opcode not in _MODELLED:
+            name = "an illegal opcode" if opcode is None else opcode.name
+            raise NPUValueError(f"instruction {index} is {name}: the cycle model covers only "
+                                f"LOAD_SPAD, PRELOAD, MATMUL, STORE and END")
+        lo = hi = 0
+        if opcode in (Opcode.LOAD_SPAD, Opcode.STORE):
+            lo = fields["dram_addr"]
+            hi = lo + (fields["rows"] - 1) * fields["dram_stride"] + fields["row_bytes"]
+        program.append((opcode, fields, lo, hi))
+    if not program or program[-1][0] is not Opcode.END:
+        raise NPUValueError("the cycle model needs a program that ends in END")
+    return program
+
+
+def predict(config, words, prog_addr, *, max_cycles=1 << 40):
+    """Cycles and counters of the program ``words`` (128-bit ints) at ``prog_addr`` on the
+    NPU of ``config``, from start to done.
+
+    Raises :class:`~sw.errors.NPUValueError` for an instruction the model does not cover, and
+    ``RuntimeError`` if the program does not end within ``max_cycles``.
+    """
+    program = _decode_program(words)
+    prog_len = len(program)
+    rows, cols = config.rows, config.cols
+    bus = config.bus_bytes
+    latency = rows + cols - 1                # the array: activation row in -> result out
+
+    # Fetcher, instruction queue, decode stage.
+    fetch_pc = 0                             # instructions delivered into the queue
+    level = 0                                # the queue's level
+    dec_valid = False
+    pc = 0                                   # the instruction at the issue stage
+    # DMA reader: the command it runs, as the cycles in which its rows arrive.
+    reader_busy = reader_is_load = False
+    row_times = deque()
+    read_done_at = 0
+    # Load unit.
+    ld_busy = ld_sent = False
+    ld_cmd = None                            # (addr, rows, row_bytes, stride)
+    ld_local = ld_rows = 0
+    # Weight loader.
+    wl_busy = False
+    wl_addr = wl_count = 0
+    commit_pending = False
+    guard = 0                                # cycles until the shadow weights may shift
+    # Streamer, array and write-back.
+    st_busy = False
+    st_spad = st_rows = st_count = st_macs = 0
+    results = deque()                        # cycles in which a result row leaves the array
+    wb_slots = deque()                       # (acc_addr, rows) of MATMULs still writing
+    out_count = 0
+    acc_busy = False                         # the accumulator's read-modify-write
+    # Store unit (IDLE, COMMAND, READ, ROW, WAIT) and DMA writer (IDLE, ROW, ADDRESS,
+    # DATA, RESPONSES).
+    sd_state = "IDLE"
+    sd_acc = sd_rows = sd_count = sd_lo = sd_hi = 0
+    sd_cmd = None
+    wr_state = "IDLE"
+    wr_row_addr = wr_rows_left = wr_row_bytes = wr_stride = 0
+    wr_beat_addr = wr_beats_left = wr_burst_left = 0
+    outstanding = 0
+    responses = deque()                      # cycles in which a write response arrives
+
+    stall_fetch = stall_load = stall_store = stall_array = 0
+    array_rows = useful_macs = instructions = 0
+    read_beats = write_beats = 0
+
+    t = 1                                    # the cycle the program starts in: CYCLES = 1
+    while True:
+        if t > max_cycles:
+            raise RuntimeError(f"the program did not end within {max_cycles} cycles")
+
+        # ------------------------------------------------------------ this cycle
+        read_row = bool(row_times) and row_times[0] == t
+        read_done = reader_busy and read_done_at == t
+        result_valid = bool(results) and results[0] == t
+
+        issue = False
+        opcode = None
+        if dec_valid:
+            opcode, fields, head_lo, head_hi = program[pc]
+            sd_busy = sd_state != "IDLE"
+            if opcode is Opcode.MATMUL:
+                blocked_load = ld_busy and _overlap(fields["spad_addr"], fields["rows"],
+                                                    ld_local, ld_rows)
+                blocked_store = sd_busy and _overlap(fields["acc_addr"], fields["rows"],
+                                                     sd_acc, sd_rows)
+                blocked_array = ((st_busy and st_count != st_rows - 1) or len(wb_slots) == 2
+                                 or wl_busy)
+            elif opcode is Opcode.LOAD_SPAD:
+                blocked_load = ld_busy
+                blocked_store = sd_busy and head_lo < sd_hi and sd_lo < head_hi
+                blocked_array = (
+                    (st_busy and _overlap(fields["local_addr"], fields["rows"], st_spad,
+                                          st_rows)) or
+                    (wl_busy and _overlap(fields["local_addr"], fields["rows"], wl_addr,
+                                          rows)))
+            elif opcode is Opcode.PRELOAD:
+                blocked_load = ld_busy and _overlap(fields["spad_addr"], rows, ld_local,
+                                                    ld_rows)
+                blocked_store = False
+                blocked_array = wl_busy
+            elif opcode is Opcode.STORE:
+                blocked_load = ld_busy
+                blocked_store = sd_busy
+                blocked_array = acc_busy or any(
+                    _overlap(fields["acc_addr"], fields["rows"], a, r) for a, r in wb_slots)
+            else:                            # END
+                blocked_load = ld_busy or reader_busy
+                blocked_store = sd_busy
+                blocked_array = wl_busy or st_busy or bool(wb_slots) or acc_busy
+            if blocked_load:
+                stall_load += 1
+            elif blocked_store:
+                stall_store += 1
+            elif blocked_array:
+                stall_array += 1
+            else:
+                issue = True
+        else:
+            stall_fetch += 1
+
+        if issue and opcode is Opcode.END:
+            instructions += 1
+            break
+
+        # The DMA reader: the fetcher goes first while the queue runs low.
+        grant = None
+        if not reader_busy:
+            fetch_want = fetch_pc != prog_len and level <= 8
+            load_want = ld_busy and not ld_sent
+            if fetch_want and (not load_want or level < 4):
+                grant = (prog_addr + fetch_pc * INSTR_BYTES, min(8, prog_len - fetch_pc),
+                         INSTR_BYTES, INSTR_BYTES)
+                grant_load = False
+            elif load_want:
+                grant, grant_load = ld_cmd, True
+
+        write_done = wr_state == "RESPONSES" and outstanding == 0
+        b_fire = bool(responses) and responses[0] == t
+
+        # ------------------------------------------------------------ next cycle
+        # Instruction queue and decode stage.
+        next_level = level
+        if read_row:
+            row_times.popleft()
+            if not reader_is_load:
+                next_level += 1
+                fetch_pc += 1
+        if level > 0 and (not dec_valid or issue):
+            next_level -= 1
+            dec_valid = True
+        elif issue:
+            dec_valid = False
+        level = next_level
+
+        # Reader.
+        if read_done:
+            reader_busy = False
+            if reader_is_load:
+                ld_busy = False
+        if grant is not None:
+            addr, count, row_bytes, stride = grant
+            reader_busy, reader_is_load = True, grant_load
+            if grant_load:
+                ld_sent = True
+            beat = t + READ_LATENCY - 1      # the cycle before the first beat
+            first = beat
+            for r in range(count):
+                beat += _beats(addr + r * stride, row_bytes, bus)
+                row_times.append(beat + 1)
+            read_done_at = beat + 1
+            read_beats += beat - first
+
+        # Weight loader.
+        wl_read = wl_busy and guard == 0
+        if guard:
+            guard -= 1
+        if wl_read:
+            if wl_count == rows - 1:
+                wl_busy = False
+                commit_pending = True
+            wl_count += 1
+
+        # Streamer.
+        if st_busy:
+            results.append(t + 1 + latency)
+            array_rows += 1
+            useful_macs += st_macs
+            if st_count == st_rows - 1:
+                st_busy = False
+            st_count += 1
+
+        # Results into the accumulator, oldest MATMUL first.
+        acc_busy = result_valid
+        if result_valid:
+            results.popleft()
+            if out_count == wb_slots[0][1] - 1:
+                wb_slots.popleft()
+                out_count = 0
+            else:
+                out_count += 1
+
+        # Store unit and writer (their handshakes use this cycle's states).
+        next_sd, next_wr = sd_state, wr_state
+        if sd_state == "COMMAND":
+            if wr_state == "IDLE":
+                next_sd = "READ"
+                wr_row_addr, wr_rows_left, wr_row_bytes, wr_stride = sd_cmd
+                next_wr = "ROW"
+        elif sd_state == "READ":
+            next_sd = "ROW"
+        elif sd_state == "ROW":
+            if wr_state == "ROW":
+                next_sd = "WAIT" if sd_count == sd_rows - 1 else "READ"
+                sd_count += 1
+                wr_beat_addr = wr_row_addr - wr_row_addr % bus
+                wr_beats_left = _beats(wr_row_addr, wr_row_bytes, bus)
+                next_wr = "ADDRESS"
+        elif sd_state == "WAIT":
+            if write_done:
+                next_sd = "IDLE"
+        if wr_state == "ADDRESS":
+            length = min(wr_beats_left, (4096 - wr_beat_addr % 4096) // bus, 256)
+            wr_beat_addr += length * bus
+            wr_beats_left -= length
+            wr_burst_left = length
+            outstanding += 1
+            next_wr = "DATA"
+        elif wr_state == "DATA":
+            write_beats += 1
+            wr_burst_left -= 1
+            if wr_burst_left == 0:
+                responses.append(t + WRITE_RESPONSE_LATENCY)
+                if wr_beats_left:
+                    next_wr = "ADDRESS"
+                elif wr_rows_left == 1:
+                    next_wr = "RESPONSES"
+                else:
+                    wr_rows_left -= 1
+                    wr_row_addr += wr_stride
+                    next_wr = "ROW"
+        elif wr_state == "RESPONSES" and write_done:
+            next_wr = "IDLE"
+        if b_fire:
+            responses.popleft()
+            outstanding -= 1
+        sd_state, wr_state = next_sd, next_wr
+
+        # The instruction issued.
+        if issue:
+            instructions += 1
+            pc += 1
+            if opcode is Opcode.LOAD_SPAD:
+                ld_busy, ld_sent = True, False
+                ld_local, ld_rows = fields["local_addr"], fields["rows"]
+                ld_cmd = (fields["dram_addr"], fields["rows"], fields["row_bytes"],
+                          fields["dram_stride"])
+            elif opcode is Opcode.PRELOAD:
+                wl_busy, wl_addr, wl_count = True, fields["spad_addr"], 0
+            elif opcode is Opcode.MATMUL:
+                wb_slots.append((fields["acc_addr"], fields["rows"]))
+                if commit_pending:
+                    guard = rows + cols - 1
+                st_busy, st_spad, st_rows, st_count = (True, fields["spad_addr"],
+                                                       fields["rows"], 0)
+                st_macs = (fields.get("k_width") or rows) * (fields.get("n_width") or cols)
+                commit_pending = False
+            elif opcode is Opcode.STORE:
+                sd_state = "COMMAND"
+                sd_acc, sd_rows, sd_count = fields["acc_addr"], fields["rows"], 0
+                sd_lo, sd_hi = head_lo, head_hi
+                sd_cmd = (fields["dram_addr"], fields["rows"], fields["row_bytes"],
+                          fields["dram_stride"])
+        t += 1
+
+    cycles = t + 1
+    perf = dict(array_rows=array_rows, useful_macs=useful_macs, stall_fetch=stall_fetch,
+                stall_load=stall_load, stall_store=stall_store, stall_array=stall_array,
+                instructions=instructions, read_bytes=read_beats * bus,
+                write_bytes=write_beats * bus, cycles=cycles)
+    return Timing(cycles=cycles, perf=perf)
+
+
+def predict_gemm(config, m, k, n, *, schedule="auto"):
+    """:func:`predict` for the program the driver runs for ``(m x k) @ (k x n)`` on
+    ``config`` (:func:`sw.driver.gemm`): the same plan, DRAM layout and instructions."""
+    from .compiler import compile_gemm, plan_gemm
+    from .driver import check_config, layout_dram
+
+    config = check_config(config)
+    plan = plan_gemm(config, m, k, n, schedule=schedule)
+    layout = layout_dram(m, k, n, plan.instructions)
+    program = compile_gemm(config, m, k, n, a_addr=layout.a_addr, b_addr=layout.b_addr,
+                           c_addr=layout.c_addr, schedule=schedule)
+    return predict(config, program.words, layout.program_addr)
