@@ -1,0 +1,116 @@
+"""The cycle model (:mod:`sw.timing`) against the RTL: every counter equal, cycle for cycle.
+
+For each of three configurations (three array sizes, the three AXI widths) 30 GEMMs run
+under Verilator in one simulation: shapes with 1s, exact tiles, ragged tiles, several
+accumulator halves and blocks of A, the three GEMM schedules, and random shapes drawn from
+``NPU_SEED``. The model predicts each program's cycles and all performance counters
+(``sw.backend.PERF_COUNTERS``) from the compiled program alone; the test asserts that they
+equal what the hardware counted, and that the results are bit-exact.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from hw.config import NPUConfig
+from hw.isa import Opcode
+from sw import codec
+from sw.driver import prepare_gemm, reference_gemm, run_jobs
+from sw.errors import NPUValueError
+from sw.timing import predict, predict_gemm
+
+
+BASE_SEED = int(os.environ.get("NPU_SEED", "20261202"))
+SHAPES_PER_CONFIG = 30
+#: Random shapes are drawn again while the model predicts more cycles than this.
+CYCLE_BUDGET = 30_000
+CONFIGS = [("4x4", 32), ("8x8", 64), ("16x16", 128)]
+
+
+def _shapes(config, rng):
+    """``(m, k, n, schedule)``: fixed corner cases, then random shapes within the budget."""
+    r, c = config.rows, config.cols
+    half = config.acc_depth // 2
+    shapes = [
+        (1, 1, 1, "auto"), (r, r, c, "auto"), (r + 1, r - 1 or 1, c + 1, "auto"),
+        (2 * r, 3 * r, 4 * c, "auto"),            # exact tiles, several of each
+        (97, 5, 3, "auto"),                       # M much larger than the array
+        (3, 9 * r + 2, 5, "auto"),                # K much larger than R
+        (5, 7, 9 * c + 4, "auto"),                # N much larger than C
+        (half + 3, r + 2, c + 3, "auto"),         # more than one accumulator half
+        (40, 2 * r + 1, 2 * c + 1, "streaming"),
+        (40, 2 * r + 1, 2 * c + 1, "resident"),
+        (9, 3 * r, c + 2, "streaming"),
+        (9, 3 * r, c + 2, "resident"),
+    ]
+    while len(shapes) < SHAPES_PER_CONFIG:
+        m, k, n = (int(x) for x in rng.integers(1, 8 * max(r, c) + 1, size=3))
+        if predict_gemm(config, m, k, n).cycles <= CYCLE_BUDGET:
+            shapes.append((m, k, n, "auto"))
+    return shapes
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("name,bus_width", CONFIGS, ids=[f"{n}-{b}" for n, b in CONFIGS])
+def test_model_equals_rtl_counters(name, bus_width):
+    config = NPUConfig.from_name(name, bus_width=bus_width)
+    seed = BASE_SEED + config.rows * 1000 + bus_width
+    rng = np.random.default_rng(seed)
+    shapes = _shapes(config, rng)
+    pairs = [(rng.integers(-128, 128, size=(m, k), dtype=np.int8),
+              rng.integers(-128, 128, size=(k, n), dtype=np.int8)) for m, k, n, _ in shapes]
+    jobs = [prepare_gemm(a, b, config=config, schedule=schedule)
+            for (a, b), (_, _, _, schedule) in zip(pairs, shapes)]
+    results = run_jobs(jobs, config, "verilator")
+    mismatches = []
+    for (m, k, n, schedule), (a, b), job, result in zip(shapes, pairs, jobs, results):
+        assert np.array_equal(result.c, reference_gemm(a, b)), (
+            f"{m}x{k}x{n} ({schedule}) on {name}/{bus_width}: not bit-exact (seed {seed})")
+        predicted = predict(config, job.program.words, job.layout.program_addr).perf
+        if predicted != result.perf:
+            differ = {key: (result.perf[key], predicted[key]) for key in result.perf
+                      if result.perf[key] != predicted.get(key)}
+            mismatches.append(f"{m}x{k}x{n} ({job.program.plan.schedule}): RTL vs model "
+                              f"{differ}")
+    assert not mismatches, (f"{len(mismatches)} of {len(shapes)} GEMMs on {name}/{bus_width} "
+                            f"differ (seed {seed}):\n" + "\n".join(mismatches))
+
+
+def test_model_predicts_what_the_driver_runs():
+    """predict_gemm compiles exactly the program the driver runs."""
+    config = NPUConfig.from_name("4x4", bus_width=32)
+    rng = np.random.default_rng(BASE_SEED)
+    a = rng.integers(-128, 128, size=(9, 10), dtype=np.int8)
+    b = rng.integers(-128, 128, size=(10, 11), dtype=np.int8)
+    job = prepare_gemm(a, b, config=config)
+    assert (predict_gemm(config, 9, 10, 11)
+            == predict(config, job.program.words, job.layout.program_addr))
+
+
+def test_model_counts_what_it_must():
+    """Counters that follow from the program alone: rows streamed, MACs, instructions,
+    bytes written (row geometry on the bus)."""
+    config = NPUConfig.from_name("8x8", bus_width=64)
+    m, k, n = 20, 12, 10
+    job = prepare_gemm(np.ones((m, k), np.int8), np.ones((k, n), np.int8), config=config)
+    perf = predict(config, job.program.words, job.layout.program_addr).perf
+    matmuls = [codec.decode(word)[1] for word in job.program.words
+               if codec.decode(word)[0] is Opcode.MATMUL]
+    assert perf["array_rows"] == sum(f["rows"] for f in matmuls)
+    assert perf["useful_macs"] == m * k * n
+    assert perf["instructions"] == len(job.program.words)
+    stalls = sum(perf[key] for key in ("stall_fetch", "stall_load", "stall_store",
+                                       "stall_array"))
+    assert stalls + perf["instructions"] <= perf["cycles"]
+
+
+def test_model_rejects_what_it_does_not_cover():
+    config = NPUConfig.from_name("4x4")
+    store_q = codec.encode(Opcode.STORE_Q, acc_addr=0, rows=1, row_bytes=4, dram_addr=0,
+                           dram_stride=4)
+    end = codec.encode(Opcode.END)
+    with pytest.raises(NPUValueError, match="instruction 0 is STORE_Q"):
+        predict(config, [store_q, end], 0x40)
+    with pytest.raises(NPUValueError, match="ends in END"):
+        predict(config, [store_q][:0], 0x40)
