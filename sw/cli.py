@@ -460,13 +460,15 @@ def _run_demo(arguments):
 
 
 def _run_plan(arguments):
-    from .compiler import estimate_cycles, plan_gemm, scalesim_cycles
+    from .compiler import plan_gemm, scalesim_cycles
+    from .timing import predict_gemm
 
     config = _config_from(arguments)
     plan = plan_gemm(config, arguments.m, arguments.k, arguments.n,
                      schedule=arguments.schedule)
     pes = config.rows * config.cols
-    predicted = estimate_cycles(plan, config)
+    timing = predict_gemm(config, plan.m, plan.k, plan.n, schedule=arguments.schedule)
+    predicted = timing.cycles
     scalesim = scalesim_cycles(config, plan.m, plan.k, plan.n)
     report = {
         "m": plan.m, "k": plan.k, "n": plan.n, "rows": config.rows, "cols": config.cols,
@@ -478,7 +480,8 @@ def _run_plan(arguments):
         "useful_pe_cells": plan.k * plan.n,
         "provisioned_pe_cells": plan.weight_tiles * pes,
         "predicted_cycles": predicted,
-        "predicted_utilization": None if predicted is None else plan.macs / (predicted * pes),
+        "predicted_utilization": plan.macs / (predicted * pes),
+        "predicted_counters": timing.perf,
         "scalesim_cycles": scalesim,
         "scalesim_utilization": plan.macs / (scalesim * pes),
         "m_blocks": plan.m_blocks, "block_rows": plan.block_rows,
@@ -499,9 +502,8 @@ def _run_plan(arguments):
     print(f"weight tiles: {plan.weight_tiles} ({plan.k_tiles} x {plan.n_tiles})")
     print(f"mapping efficiency: {plan.k * plan.n:,} / {plan.weight_tiles * pes:,} = "
           f"{plan.mapping_efficiency:.1%}")
-    if predicted is not None:
-        print(f"predicted cycles: {predicted:,} (estimate), utilization "
-              f"{report['predicted_utilization']:.1%}")
+    print(f"predicted cycles: {predicted:,} (cycle model, sw/timing.py), utilization "
+          f"{report['predicted_utilization']:.1%}")
     print(f"SCALE-Sim weight-stationary model: {scalesim:,} cycles, utilization "
           f"{report['scalesim_utilization']:.1%}")
     print(f"scratchpad: {plan.spad_rows_used} rows ({report['spad_bytes_used']:,} bytes), "

@@ -472,6 +472,27 @@ def test_plan_readable_and_scalesim_reference(capsys):
     assert "SCALE-Sim weight-stationary model: 77,312 cycles, utilization 84.8%" in out
 
 
+@pytest.mark.rtl
+@pytest.mark.parametrize("shape, config, bus_width", [
+    ((37, 53, 29), "8x8", "64"),       # shapes and configs outside tb/test_timing.py's sweep
+    ((130, 21, 45), "5x7", "128"),
+    ((64, 20, 3), "1x1", "128"),
+])
+def test_plan_predicts_gemm_cycles_exactly(capsys, shape, config, bus_width):
+    m, k, n = (str(x) for x in shape)
+    common = ["--m", m, "--k", k, "--n", n, "--config", config, "--bus-width", bus_width,
+              "--json"]
+    status, out, err = run_cli(capsys, "plan", *common)
+    assert status == 0, err
+    plan = json.loads(out)
+    status, out, err = run_cli(capsys, "gemm", *common, "--sim", "verilator", "--seed", "3")
+    assert status == 0, err
+    run = json.loads(out)
+    assert run["bit_exact"] is True
+    assert plan["predicted_cycles"] == run["cycles"]
+    assert plan["predicted_counters"] == run["counters"]
+
+
 @pytest.mark.parametrize("argv, match", [
     (["plan", "--m", "1", "--k", "1"], "required: --n"),
     (["plan", "--m", "1", "--k", "1", "--n", "1", "--rows", "4"], "--rows and --cols"),
