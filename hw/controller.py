@@ -368,8 +368,11 @@ class Controller(wiring.Component):
         st_free = ~st_busy | (st_count == st_rows - 1)   # reading its last row this cycle
         array_drained = ~st_busy & (wb_count == 0) & ~self.acc.busy
         # A store reads accumulator rows: it waits for MATMULs that still write any of them.
+        # A write still in the accumulator's second stage (``acc.busy``) lands before the
+        # store's first read, two cycles after the issue: the store need not wait for it, so
+        # it goes while the results of other rows stream in.
         store_raw = Signal()
-        m.d.comb += store_raw.eq(self.acc.busy | Cat(*[
+        m.d.comb += store_raw.eq(Cat(*[
             wb_valid[i] & overlap(store.acc_addr, store.rows,
                                   wb_slots[i].acc_addr, wb_slots[i].rows)
             for i in range(2)]).any())

@@ -239,7 +239,8 @@ def _plan_for(config, m, k, n, schedule, block_rows):
         dram_bytes_written=4 * m * n, instructions=instructions)
 
 
-def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, group_tiles):
+def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, group_tiles,
+                  a_stride=None, b_stride=None):
     """Emit the "overlap" schedule: ping-pong buffers, so that the units run side by side.
 
     The work is cut into units of ``block_rows`` rows of A by ``group_tiles`` n-tiles; a unit
@@ -260,6 +261,8 @@ def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, gro
     how much overlaps, never what is computed.
     """
     rows, cols = config.rows, config.cols
+    a_stride = k if a_stride is None else a_stride
+    b_stride = n if b_stride is None else b_stride
     half = config.acc_depth // 2
     weight_base, activation_base = 0, 2 * rows
     k_tiles = _ceil_div(k, rows)
@@ -285,7 +288,8 @@ def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, gro
         if first < last:
             emit.load_spad(local_addr=activation_base + (step_index % 2) * block_rows + first,
                            rows=last - first, row_bytes=min(rows, k - k_start),
-                           dram_addr=a_addr + (m_start + first) * k + k_start, dram_stride=k)
+                           dram_addr=a_addr + (m_start + first) * a_stride + k_start,
+                           dram_stride=a_stride)
 
     def stores_of(u):
         m_start, unit_rows, tiles = units[u]
@@ -295,51 +299,63 @@ def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, gro
                      dram_stride=c_stride)
                 for index, tile in enumerate(tiles)]
 
-    # One store moves unit_rows rows of ceil(4 C / bus) beats, about two cycles more each;
-    # a k-step computes len(tiles) * unit_rows rows. Space the stores so that they queue up
-    # as little as possible behind each other.
-    row_beats = _ceil_div(4 * cols, bus_bytes)
-    pending = []                # stores of the unit before, in order
-    pending_unit = None
-    steps_since_store = 0
+    # The stores of a unit go while the units after it compute, in order, each when the DMA
+    # writer is estimated to be done with the one before (a store waiting at the issue stage
+    # would hold up the MATMULs behind it), and at the latest right before the first MATMUL
+    # that writes its accumulator rows again. The estimate counts a store's rows at the
+    # writer's pace (two cycles more than the row's beats) and a MATMUL's rows, or the time it
+    # waits for its weights (R rows after the array's R + C - 1 cycles of guard).
+    def store_cycles(fields):
+        beats = _ceil_div(fields["row_bytes"], bus_bytes) + (c_stride % bus_bytes != 0)
+        return fields["rows"] * (beats + 2) + 8
+
+    pending = []                # [fields, earliest estimated cycle], in program order
+    now = writer_free = 0       # estimated cycles: of the next MATMUL, of the writer's end
     weight_buffer = 0
     load_activations(0)
     for step_index, (u, k_tile) in enumerate(steps):
         m_start, unit_rows, tiles = units[u]
-        if k_tile == 0 and pending_unit is not None and pending_unit <= u - 2:
-            for fields in pending:      # the half is needed again: store what is left
-                emit.store(**fields)
-            pending = []
-        spacing = max(1, _ceil_div(row_beats + 2, len(tiles)))
         k_start = k_tile * rows
         k_height = min(rows, k - k_start)
         for index, tile in enumerate(tiles):
             n_start = tile * cols
             n_width = min(cols, n - n_start)
+            acc_addr = (u % 2) * half + index * unit_rows
             w_addr = weight_base + weight_buffer * rows
             emit.load_spad(local_addr=w_addr, rows=k_height, row_bytes=n_width,
-                           dram_addr=b_addr + k_start * n + n_start, dram_stride=n)
+                           dram_addr=b_addr + k_start * b_stride + n_start,
+                           dram_stride=b_stride)
             if step_index + 1 < len(steps):
                 if len(tiles) == 1:
                     load_activations(step_index + 1)
                 elif index >= 1:
                     load_activations(step_index + 1, index - 1, len(tiles) - 1)
             emit.preload(spad_addr=w_addr)
-            if (pending and (index == 0 or len(tiles) == 1) and steps_since_store >= spacing
-                    and not (k_tile == 0 and pending_unit == u - 1)):
-                emit.store(**pending.pop(0))
-                steps_since_store = 0
-            emit.matmul(spad_addr=activation_base + (step_index % 2) * block_rows,
-                        acc_addr=(u % 2) * half + index * unit_rows, rows=unit_rows,
-                        accumulate=k_tile > 0, k_width=k_height, n_width=n_width)
-            weight_buffer ^= 1
-        steps_since_store += 1
-        if k_tile == k_tiles - 1:
-            for fields in pending:
+            # Stores due now, and every store up to the last one whose rows this MATMUL
+            # overwrites; at most one that is merely due, so that they do not queue up.
+            last_needed = max((i for i, (fields, _) in enumerate(pending)
+                               if fields["acc_addr"] < acc_addr + unit_rows
+                               and acc_addr < fields["acc_addr"] + fields["rows"]),
+                              default=-1)
+            count = last_needed + 1
+            if count < len(pending) and pending[count][1] <= now:
+                count += 1
+            for fields, _ in pending[:count]:
                 emit.store(**fields)
-            pending, pending_unit = stores_of(u), u
-            steps_since_store = spacing       # the first may go right after one step
-    for fields in pending:
+            del pending[:count]
+            emit.matmul(spad_addr=activation_base + (step_index % 2) * block_rows,
+                        acc_addr=acc_addr, rows=unit_rows,
+                        accumulate=k_tile > 0, k_width=k_height, n_width=n_width)
+            matmul_cycles = max(unit_rows, 2 * rows + cols)
+            now += matmul_cycles
+            weight_buffer ^= 1
+        if k_tile == k_tiles - 1:
+            # The unit's last MATMUL drains while the next one streams.
+            for fields in stores_of(u):
+                start = max(now + matmul_cycles, writer_free)
+                pending.append([fields, start])
+                writer_free = start + store_cycles(fields)
+    for fields, _ in pending:
         emit.store(**fields)
     emit.end()
 
@@ -551,7 +567,8 @@ class _Emitter:
         self._emit(Opcode.END)
 
 
-def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
+def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto", a_stride=None,
+                 b_stride=None):
     """Compile ``C = A @ B`` into a program for ``config``.
 
     Parameters
@@ -561,9 +578,13 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
         Positive GEMM dimensions.
     a_addr, b_addr, c_addr : int
         DRAM byte addresses of A (INT8, ``m x k``), B (INT8, ``k x n``) and C
-        (INT32, ``m x n``), each stored row-major without padding.
+        (INT32, ``m x n``), each stored row-major.
     schedule : str
         One of :data:`SCHEDULES`; see :func:`plan_gemm`.
+    a_stride, b_stride : int, optional
+        Bytes from one row of A (of B) to the next in DRAM: ``k`` (``n``) by default, more
+        for padded rows. Rows that start on a bus beat move in fewer beats (the driver pads
+        them to :data:`sw.driver.ROW_PITCH`).
 
     Returns
     -------
@@ -576,8 +597,13 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
     """
     plan = plan_gemm(config, m, k, n, schedule=schedule)
     m, k, n = plan.m, plan.k, plan.n
-    a_addr = _check_region("a_addr", a_addr, m * k)
-    b_addr = _check_region("b_addr", b_addr, k * n)
+    a_stride = k if a_stride is None else _as_int("a_stride", a_stride)
+    b_stride = n if b_stride is None else _as_int("b_stride", b_stride)
+    if a_stride < k or b_stride < n:
+        raise PlanError(f"a_stride must be at least k ({k}) and b_stride at least n ({n}), "
+                        f"not {a_stride} and {b_stride}")
+    a_addr = _check_region("a_addr", a_addr, (m - 1) * a_stride + k)
+    b_addr = _check_region("b_addr", b_addr, (k - 1) * b_stride + n)
     c_addr = _check_region("c_addr", c_addr, 4 * m * n)
 
     rows, cols = config.rows, config.cols
@@ -587,7 +613,7 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
     emit = _Emitter(config)
     if plan.schedule == "overlap":
         _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, plan.block_rows,
-                      plan.group_tiles)
+                      plan.group_tiles, a_stride, b_stride)
         counted = replace(plan, instructions=len(emit.words))
         if counted != plan:
             raise RuntimeError(f"compiler bug: the emitted program does not match its plan:\n"
@@ -596,19 +622,20 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
                        c_addr=c_addr)
     for m_start in range(0, m, plan.block_rows):
         block_rows = min(plan.block_rows, m - m_start)
-        a_block_addr = a_addr + m_start * k
+        a_block_addr = a_addr + m_start * a_stride
         if resident:
             # Slice k_tile of the block lives at activation_base + k_tile * plan.block_rows.
             for k_tile, k_start in enumerate(range(0, k, rows)):
                 emit.load_spad(local_addr=activation_base + k_tile * plan.block_rows,
                                rows=block_rows, row_bytes=min(rows, k - k_start),
-                               dram_addr=a_block_addr + k_start, dram_stride=k)
+                               dram_addr=a_block_addr + k_start, dram_stride=a_stride)
         for n_start in range(0, n, cols):
             n_width = min(cols, n - n_start)
             for k_tile, k_start in enumerate(range(0, k, rows)):
                 k_height = min(rows, k - k_start)
                 emit.load_spad(local_addr=_WEIGHT_BASE, rows=k_height, row_bytes=n_width,
-                               dram_addr=b_addr + k_start * n + n_start, dram_stride=n)
+                               dram_addr=b_addr + k_start * b_stride + n_start,
+                               dram_stride=b_stride)
                 emit.preload(spad_addr=_WEIGHT_BASE)
                 if resident:
                     activation_addr = activation_base + k_tile * plan.block_rows
@@ -616,7 +643,7 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto"):
                     activation_addr = activation_base
                     emit.load_spad(local_addr=activation_addr, rows=block_rows,
                                    row_bytes=k_height, dram_addr=a_block_addr + k_start,
-                                   dram_stride=k)
+                                   dram_stride=a_stride)
                 emit.matmul(spad_addr=activation_addr, acc_addr=0, rows=block_rows,
                             accumulate=k_tile > 0)
             emit.store(acc_addr=0, rows=block_rows, row_bytes=4 * n_width,

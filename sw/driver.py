@@ -37,7 +37,7 @@ from .errors import NPURunError, NPUTypeError, NPUValueError
 
 
 __all__ = ["DramLayout", "GemmResult", "gemm", "gemm_batch", "reference_gemm", "layout_dram",
-           "PROGRAM_ADDR", "REGION_ALIGN", "DRAM_GRANULE", "POISON",
+           "PROGRAM_ADDR", "REGION_ALIGN", "ROW_PITCH", "DRAM_GRANULE", "POISON",
            "RegionLayout", "QuantResult", "PreparedJob", "qgemm", "qgemm_batch",
            "reference_qgemm", "layout_regions", "prepare_gemm", "prepare_qgemm", "run_jobs"]
 
@@ -50,6 +50,9 @@ REGION_ALIGN = 64
 DRAM_GRANULE = 4096
 #: Byte written over C before the run.
 POISON = 0xA5
+#: Rows of A and B start at multiples of this in DRAM (the widest AXI beat): a k-slice of A
+#: or a row of a weight tile then takes as few bus beats as its bytes need.
+ROW_PITCH = 16
 
 _ADDRESS_SPACE = 1 << 32
 
@@ -60,7 +63,12 @@ def _align(value, alignment):
 
 @dataclass(frozen=True)
 class DramLayout:
-    """Where :func:`gemm` puts everything in DRAM (byte addresses and sizes)."""
+    """Where :func:`gemm` puts everything in DRAM (byte addresses and sizes).
+
+    A and B are row-major with rows ``a_stride`` and ``b_stride`` bytes apart (their widths
+    rounded up to :data:`ROW_PITCH`; the padding bytes are zero and never used); C is
+    row-major without padding.
+    """
     program_addr: int
     program_bytes: int
     a_addr: int
@@ -70,6 +78,8 @@ class DramLayout:
     c_addr: int
     c_bytes: int
     size: int
+    a_stride: int = 0
+    b_stride: int = 0
 
 
 def layout_dram(m, k, n, instructions):
@@ -92,16 +102,18 @@ def layout_dram(m, k, n, instructions):
         If the whole layout does not fit in the 4 GiB a 32-bit address reaches.
     """
     program_bytes = 16 * instructions
+    a_stride, b_stride = _align(k, ROW_PITCH), _align(n, ROW_PITCH)
     a_addr = _align(PROGRAM_ADDR + program_bytes, REGION_ALIGN)
-    b_addr = _align(a_addr + m * k, REGION_ALIGN)
-    c_addr = _align(b_addr + k * n, REGION_ALIGN)
+    b_addr = _align(a_addr + m * a_stride, REGION_ALIGN)
+    c_addr = _align(b_addr + k * b_stride, REGION_ALIGN)
     size = _align(c_addr + 4 * m * n, DRAM_GRANULE)
     if size > _ADDRESS_SPACE:
         raise NPUValueError(f"a {m}x{k} @ {k}x{n} GEMM needs {size} bytes of DRAM (program "
                             f"and matrices), more than the 4 GiB a 32-bit address reaches")
     return DramLayout(program_addr=PROGRAM_ADDR, program_bytes=program_bytes,
-                      a_addr=a_addr, a_bytes=m * k, b_addr=b_addr, b_bytes=k * n,
-                      c_addr=c_addr, c_bytes=4 * m * n, size=size)
+                      a_addr=a_addr, a_bytes=m * a_stride, b_addr=b_addr,
+                      b_bytes=k * b_stride, c_addr=c_addr, c_bytes=4 * m * n, size=size,
+                      a_stride=a_stride, b_stride=b_stride)
 
 
 @dataclass(frozen=True)
@@ -225,15 +237,16 @@ def prepare_gemm(A, B, *, config=None, schedule="auto"):
     plan = plan_gemm(config, m, k, n, schedule=schedule)
     layout = layout_dram(m, k, n, plan.instructions)
     program = compile_gemm(config, m, k, n, a_addr=layout.a_addr, b_addr=layout.b_addr,
-                           c_addr=layout.c_addr, schedule=schedule)
+                           c_addr=layout.c_addr, schedule=schedule, a_stride=layout.a_stride,
+                           b_stride=layout.b_stride)
 
     dram = np.zeros(layout.size, dtype=np.uint8)
     dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \
         np.frombuffer(program.bytes, dtype=np.uint8)
-    dram[layout.a_addr:layout.a_addr + layout.a_bytes] = np.ascontiguousarray(A).view(
-        np.uint8).reshape(-1)
-    dram[layout.b_addr:layout.b_addr + layout.b_bytes] = np.ascontiguousarray(B).view(
-        np.uint8).reshape(-1)
+    dram[layout.a_addr:layout.a_addr + layout.a_bytes].reshape(m, layout.a_stride)[:, :k] = \
+        np.asarray(A).view(np.uint8)
+    dram[layout.b_addr:layout.b_addr + layout.b_bytes].reshape(k, layout.b_stride)[:, :n] = \
+        np.asarray(B).view(np.uint8)
     dram[layout.c_addr:layout.c_addr + layout.c_bytes] = POISON
 
     def finish(result, config, sim):

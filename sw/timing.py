@@ -174,7 +174,7 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
             elif opcode is Opcode.STORE:
                 blocked_load = ld_busy
                 blocked_store = sd_busy
-                blocked_array = acc_busy or any(
+                blocked_array = any(
                     _overlap(fields["acc_addr"], fields["rows"], a, r) for a, r in wb_slots)
             else:                            # END
                 blocked_load = ld_busy or reader_busy
@@ -363,5 +363,6 @@ def predict_gemm(config, m, k, n, *, schedule="auto"):
     plan = plan_gemm(config, m, k, n, schedule=schedule)
     layout = layout_dram(m, k, n, plan.instructions)
     program = compile_gemm(config, m, k, n, a_addr=layout.a_addr, b_addr=layout.b_addr,
-                           c_addr=layout.c_addr, schedule=schedule)
+                           c_addr=layout.c_addr, schedule=schedule, a_stride=layout.a_stride,
+                           b_stride=layout.b_stride)
     return predict(config, program.words, layout.program_addr)

@@ -9,8 +9,8 @@ from hw.config import MAX_K, NPUConfig
 from hw.isa import ErrorCode
 from sw import backend
 from sw.backend import RunResult
-from sw.driver import (DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN, GemmResult, gemm,
-                       layout_dram, reference_gemm)
+from sw.driver import (DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN, ROW_PITCH,
+                       GemmResult, gemm, layout_dram, reference_gemm)
 from sw.errors import (BackendUnavailable, NPUError, NPURunError, NPUTypeError,
                        NPUValueError, PlanError)
 
@@ -165,13 +165,19 @@ def test_dram_layout(monkeypatch):
     assert layout.program_bytes == 16 * result.plan.instructions
     for addr in (layout.program_addr, layout.a_addr, layout.b_addr, layout.c_addr):
         assert addr % REGION_ALIGN == 0
+    # Rows of A and B are padded to ROW_PITCH bytes (zeros); C is not.
+    assert (layout.a_stride, layout.b_stride) == (16, 16) == (ROW_PITCH, ROW_PITCH)
+    assert (layout.a_bytes, layout.b_bytes) == (10 * 16, 10 * 16)
     assert (layout.program_addr + layout.program_bytes <= layout.a_addr
-            < layout.a_addr + 100 <= layout.b_addr < layout.b_addr + 30 <= layout.c_addr)
+            < layout.a_addr + layout.a_bytes <= layout.b_addr
+            < layout.b_addr + layout.b_bytes <= layout.c_addr)
     assert dram.size == layout.size and layout.size % DRAM_GRANULE == 0
     assert layout.size >= layout.c_addr + 4 * 30
     assert not dram[:PROGRAM_ADDR].any()
-    assert np.array_equal(dram[layout.a_addr:layout.a_addr + 100].view(np.int8), a.ravel())
-    assert np.array_equal(dram[layout.b_addr:layout.b_addr + 30].view(np.int8), b.ravel())
+    a_rows = dram[layout.a_addr:layout.a_addr + layout.a_bytes].reshape(10, 16)
+    b_rows = dram[layout.b_addr:layout.b_addr + layout.b_bytes].reshape(10, 16)
+    assert np.array_equal(a_rows[:, :10].view(np.int8), a) and not a_rows[:, 10:].any()
+    assert np.array_equal(b_rows[:, :3].view(np.int8), b) and not b_rows[:, 3:].any()
     assert np.all(dram[layout.c_addr:layout.c_addr + 120] == POISON)
     # Cycles from the backend give the utilization.
     assert result.cycles == 1000
