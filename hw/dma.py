@@ -1,6 +1,6 @@
 """The DMA engine: an AXI4 master moving 2-D strided blocks between DRAM and local rows."""
 
-from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -223,8 +223,18 @@ class DMA(wiring.Component):
         w_outstanding = Signal(20)
         w_error = Signal()
 
+        # A row waiting while the row before it is written: the next row's address goes out
+        # right after the last beat of the one before, without a cycle to take the row.
+        next_row = Signal(8 * self.write_row_bytes)
+        next_valid = Signal()
+
         wcmd = self.write_cmd.payload
-        w_aligned, w_offset, w_beats = self._row_geometry(m, w_row_addr, w_row_bytes, "wr")
+        # The row to load: the buffered one, else the one offered; at the address of the row
+        # the writer is at (in ROW) or of the next one (at the end of a row, in DATA).
+        load_addr = Signal(32)
+        load_row = Signal(8 * self.write_row_bytes)
+        m.d.comb += load_row.eq(Mux(next_valid, next_row, self.write_row.payload))
+        w_aligned, w_offset, w_beats = self._row_geometry(m, load_addr, w_row_bytes, "wr")
         w_len = self._burst_len(m, w_beat_addr, w_beats_left, "wr")
 
         byte_mask = Signal(self.write_row_bytes)
@@ -250,6 +260,18 @@ class DMA(wiring.Component):
             bus.wlast.eq(w_burst_beat == w_burst_len - 1),
         ]
 
+        def load(m):
+            # Start writing load_row, at load_addr: it is shifted onto the bus beats.
+            m.d.sync += [
+                w_data.eq(load_row << (w_offset * 8)),
+                w_strb.eq(byte_mask << w_offset),
+                w_beat_addr.eq(w_aligned),
+                w_beats_left.eq(w_beats),
+                w_beat.eq(0),
+                next_valid.eq(0),
+            ]
+            m.next = "ADDRESS"
+
         with m.FSM(name="writer") as writer_fsm:
             with m.State("IDLE"):
                 m.d.comb += self.write_cmd.ready.eq(1)
@@ -261,18 +283,11 @@ class DMA(wiring.Component):
                     ]
                     m.next = "ROW"
             with m.State("ROW"):
-                m.d.comb += self.write_row.ready.eq(1)
-                with m.If(self.write_row.valid):
-                    m.d.sync += [
-                        w_data.eq(self.write_row.payload << (w_offset * 8)),
-                        w_strb.eq(byte_mask << w_offset),
-                        w_beat_addr.eq(w_aligned),
-                        w_beats_left.eq(w_beats),
-                        w_beat.eq(0),
-                    ]
-                    m.next = "ADDRESS"
+                m.d.comb += [self.write_row.ready.eq(~next_valid), load_addr.eq(w_row_addr)]
+                with m.If(next_valid | self.write_row.valid):
+                    load(m)
             with m.State("ADDRESS"):
-                m.d.comb += bus.awvalid.eq(1)
+                m.d.comb += [bus.awvalid.eq(1), self.write_row.ready.eq(~next_valid)]
                 m.d.sync += w_burst_len.eq(w_len)
                 with m.If(bus.awready):
                     m.d.sync += [
@@ -282,7 +297,8 @@ class DMA(wiring.Component):
                     ]
                     m.next = "DATA"
             with m.State("DATA"):
-                m.d.comb += bus.wvalid.eq(1)
+                m.d.comb += [bus.wvalid.eq(1), self.write_row.ready.eq(~next_valid),
+                             load_addr.eq(w_row_addr + w_stride)]
                 with m.If(bus.wready):
                     m.d.sync += [
                         w_beat.eq(w_beat + 1),
@@ -298,11 +314,19 @@ class DMA(wiring.Component):
                                 w_rows_left.eq(w_rows_left - 1),
                                 w_row_addr.eq(w_row_addr + w_stride),
                             ]
-                            m.next = "ROW"
+                            with m.If(next_valid):
+                                load(m)
+                            with m.Else():
+                                m.next = "ROW"
             with m.State("RESPONSES"):
                 with m.If(w_outstanding == 0):
                     m.d.comb += self.write_done.eq(1)
                     m.next = "IDLE"
+
+        # The row offered while one is being written waits in next_row.
+        with m.If(self.write_row.valid & self.write_row.ready &
+                  ~writer_fsm.ongoing("ROW")):
+            m.d.sync += [next_row.eq(self.write_row.payload), next_valid.eq(1)]
 
         m.d.comb += self.idle.eq(~ar_active & ~r_active & ~emit &
                                  writer_fsm.ongoing("IDLE") & (w_outstanding == 0))

@@ -303,11 +303,11 @@ def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, gro
     # writer is estimated to be done with the one before (a store waiting at the issue stage
     # would hold up the MATMULs behind it), and at the latest right before the first MATMUL
     # that writes its accumulator rows again. The estimate counts a store's rows at the
-    # writer's pace (two cycles more than the row's beats) and a MATMUL's rows, or the time it
+    # writer's pace (a cycle more than the row's beats) and a MATMUL's rows, or the time it
     # waits for its weights (R rows after the array's R + C - 1 cycles of guard).
     def store_cycles(fields):
         beats = _ceil_div(fields["row_bytes"], bus_bytes) + (c_stride % bus_bytes != 0)
-        return fields["rows"] * (beats + 2) + 8
+        return fields["rows"] * (beats + 1) + 8
 
     pending = []                # [fields, earliest estimated cycle], in program order
     now = writer_free = 0       # estimated cycles: of the next MATMUL, of the writer's end

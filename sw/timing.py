@@ -122,13 +122,14 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
     out_count = 0
     acc_busy = False                         # the accumulator's read-modify-write
     # Store unit (IDLE, COMMAND, READ, ROW, WAIT) and DMA writer (IDLE, ROW, ADDRESS,
-    # DATA, RESPONSES).
+    # DATA, RESPONSES) with its one-row buffer.
     sd_state = "IDLE"
     sd_acc = sd_rows = sd_count = sd_lo = sd_hi = 0
     sd_cmd = None
     wr_state = "IDLE"
     wr_row_addr = wr_rows_left = wr_row_bytes = wr_stride = 0
     wr_beat_addr = wr_beats_left = wr_burst_left = 0
+    wr_buffered = False                      # a row waits in the writer's buffer
     outstanding = 0
     responses = deque()                      # cycles in which a write response arrives
 
@@ -272,8 +273,12 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
             else:
                 out_count += 1
 
-        # Store unit and writer (their handshakes use this cycle's states).
+        # Store unit and writer (their handshakes use this cycle's states). The writer takes
+        # a row in ROW, or into its buffer while it writes the row before (ADDRESS, DATA).
         next_sd, next_wr = sd_state, wr_state
+        row_offered = sd_state == "ROW"
+        row_taken = (row_offered and not wr_buffered
+                     and wr_state in ("ROW", "ADDRESS", "DATA"))
         if sd_state == "COMMAND":
             if wr_state == "IDLE":
                 next_sd = "READ"
@@ -282,25 +287,33 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
         elif sd_state == "READ":
             next_sd = "ROW"
         elif sd_state == "ROW":
-            if wr_state == "ROW":
+            if row_taken:
                 next_sd = "WAIT" if sd_count == sd_rows - 1 else "READ"
                 sd_count += 1
-                wr_beat_addr = wr_row_addr - wr_row_addr % bus
-                wr_beats_left = _beats(wr_row_addr, wr_row_bytes, bus)
-                next_wr = "ADDRESS"
         elif sd_state == "WAIT":
             if write_done:
                 next_sd = "IDLE"
-        if wr_state == "ADDRESS":
+        buffered = wr_buffered
+        if wr_state == "ROW":
+            if wr_buffered or row_offered:
+                wr_beat_addr = wr_row_addr - wr_row_addr % bus
+                wr_beats_left = _beats(wr_row_addr, wr_row_bytes, bus)
+                buffered = False
+                next_wr = "ADDRESS"
+        elif wr_state == "ADDRESS":
             length = min(wr_beats_left, (4096 - wr_beat_addr % 4096) // bus, 256)
             wr_beat_addr += length * bus
             wr_beats_left -= length
             wr_burst_left = length
             outstanding += 1
             next_wr = "DATA"
+            if row_taken:
+                buffered = True
         elif wr_state == "DATA":
             write_beats += 1
             wr_burst_left -= 1
+            if row_taken:
+                buffered = True
             if wr_burst_left == 0:
                 responses.append(t + WRITE_RESPONSE_LATENCY)
                 if wr_beats_left:
@@ -310,9 +323,16 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
                 else:
                     wr_rows_left -= 1
                     wr_row_addr += wr_stride
-                    next_wr = "ROW"
+                    if wr_buffered:
+                        wr_beat_addr = wr_row_addr - wr_row_addr % bus
+                        wr_beats_left = _beats(wr_row_addr, wr_row_bytes, bus)
+                        buffered = False
+                        next_wr = "ADDRESS"
+                    else:
+                        next_wr = "ROW"
         elif wr_state == "RESPONSES" and write_done:
             next_wr = "IDLE"
+        wr_buffered = buffered
         if b_fire:
             responses.popleft()
             outstanding -= 1
