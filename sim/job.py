@@ -61,12 +61,18 @@ TRACE_SIGNALS = [
 
 async def _trace(dut, path):
     """Record :data:`TRACE_SIGNALS` in every cycle the controller runs (the first program),
-    one line per cycle: the controller's cycle count, then the signals, in ``path``."""
+    one line per cycle: the controller's cycle count, then the signals, in ``path``. Under
+    Verilator the internal signals are visible with ``NPU_PUBLIC=1`` only (sim/runner.py).
+    It is how sw/timing.py was checked signal by signal against the RTL."""
     handles = []
     for name in TRACE_SIGNALS:
         handle = dut
-        for part in name.split("."):
-            handle = getattr(handle, part)
+        try:
+            for part in name.split("."):
+                handle = getattr(handle, part)
+        except AttributeError:
+            raise RuntimeError(f"NPU_TRACE cannot see {name}: under Verilator only the top "
+                               f"level is public unless NPU_PUBLIC=1") from None
         handles.append(handle)
     running = dut.npu.controller.running
     lines = ["cycles " + " ".join(TRACE_SIGNALS)]

@@ -60,7 +60,7 @@ from .errors import NPUTypeError, NPUValueError, PlanError
 
 __all__ = ["SCHEDULES", "GemmPlan", "Program", "plan_gemm", "compile_gemm",
            "QuantPlan", "QuantProgram", "RowGather", "GemmGather", "plan_qgemm",
-           "compile_qgemm", "plan_quantized", "compile_quantized", "estimate_cycles",
+           "compile_qgemm", "plan_quantized", "compile_quantized",
            "scalesim_cycles"]
 
 
@@ -378,7 +378,8 @@ def _overlap_candidates(config, m, k, n):
 
 
 def _overlap_estimate(config, m, k, n, block_rows, group_tiles):
-    """A rough cycle estimate of the overlap schedule, to choose its block shape."""
+    """A rough cycle estimate of the overlap schedule, to choose its block shape (the exact
+    count of a compiled program is :func:`sw.timing.predict`'s)."""
     rows, cols, bus = config.rows, config.cols, config.bus_bytes
     k_tiles, n_tiles = _ceil_div(k, rows), _ceil_div(n, cols)
     m_blocks = _ceil_div(m, block_rows)
@@ -395,15 +396,6 @@ def _overlap_estimate(config, m, k, n, block_rows, group_tiles):
     stores = m * n_tiles * store_row
     tail = block_rows * group_tiles * store_row
     return max(compute, reader, stores) + tail
-
-
-def estimate_cycles(plan, config):
-    """Estimated cycles of ``plan`` on ``config``: the overlap schedule's balance of array,
-    DMA reader and store time (not yet a cycle-exact model), ``None`` for other schedules."""
-    if plan.schedule != "overlap":
-        return None
-    return _overlap_estimate(config, plan.m, plan.k, plan.n, plan.block_rows,
-                             plan.group_tiles)
 
 
 def scalesim_cycles(config, m, k, n):
