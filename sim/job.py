@@ -54,7 +54,8 @@ TRACE_SIGNALS = [
     "m_axi_arvalid", "m_axi_arready", "m_axi_arlen", "m_axi_rvalid", "m_axi_rready",
     "m_axi_awvalid", "m_axi_awready", "m_axi_wvalid", "m_axi_wready", "m_axi_bvalid",
     "npu.controller.pc", "npu.controller.dec_valid", "npu.controller.ld_busy",
-    "npu.controller.wl_busy", "npu.controller.st_busy", "npu.controller.reader_busy", "npu.controller.wb_count",
+    "npu.controller.wl_busy", "npu.controller.st_busy", "npu.controller.reader_busy",
+    "npu.controller.wb_count",
     "npu.controller.store_state", "npu.dma.writer_state", "npu.controller.iq.level",
 ]
 

@@ -2,8 +2,8 @@
 
 Runs GEMMs under Verilator, reads the cycle and performance counters, and writes
 ``docs/performance.md`` (shape, config, RTL cycles, the cycle model's prediction
-(:mod:`sw.timing`), utilization, the mapping ceiling, SCALE-Sim's weight-stationary figure) and ``docs/utilization.png``
-(utilization against M). It then measures simulated cycles per wall-clock second of a
+(:mod:`sw.timing`), utilization, the mapping ceiling, SCALE-Sim's weight-stationary figure)
+and ``docs/utilization.png`` (utilization against M). It then measures simulated cycles per wall-clock second of a
 compute-bound GEMM under Verilator, Icarus and Amaranth's simulator.
 
     python -m sim.perf_bench [--quick] [--out docs/performance.md]
@@ -97,28 +97,32 @@ def plot(rows, path):
 
 
 def simulator_speed():
-    """Simulated cycles per wall-clock second of a compute-bound GEMM on 8x8, end to end (the
-    cached simulator build excluded, its start and the test bench included)."""
+    """Simulated cycles per wall-clock second of GEMMs on 8x8: end to end (the cached
+    simulator build excluded; its start and the test bench included), and in the steady
+    state (the difference of a long and a short run, so without the start)."""
     config = NPUConfig.from_name("8x8")
     rng = np.random.default_rng(SEED)
     speeds = []
-    for sim, shape in (("verilator", (256, 256, 256)), ("icarus", (32, 64, 64))):
-        pair = _operands(rng, *shape)
-        gemm_batch([pair], config=config, sim=sim)      # build (cached) and warm up
-        start = time.perf_counter()
-        (result,) = gemm_batch([pair], config=config, sim=sim)
-        wall = time.perf_counter() - start
-        speeds.append((sim, shape, result.cycles, wall))
-    speeds.append(_amaranth_speed(config, rng))
+    for sim, shapes in (("verilator", ((64, 256, 256), (256, 256, 256))),
+                        ("icarus", ((8, 64, 64), (64, 64, 64)))):
+        runs = []
+        for shape in shapes:
+            pair = _operands(rng, *shape)
+            gemm_batch([pair], config=config, sim=sim)      # build (cached) and warm up
+            start = time.perf_counter()
+            (result,) = gemm_batch([pair], config=config, sim=sim)
+            runs.append((shape, result.cycles, time.perf_counter() - start))
+        speeds.append((sim, runs))
+    speeds.append(("amaranth", [_amaranth_speed(config, rng, m) for m in (8, 32)]))
     return speeds
 
 
-def _amaranth_speed(config, rng):
+def _amaranth_speed(config, rng, m):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tb"))
     from test_controller import Job, run_jobs
     from sw.compiler import compile_gemm
 
-    m, k, n = 8, 32, 32
+    k, n = 32, 32
     a, b = _operands(rng, m, k, n)
     a_addr, b_addr, c_addr = 0x10000, 0x20000, 0x30000
     program = compile_gemm(config, m, k, n, a_addr=a_addr, b_addr=b_addr, c_addr=c_addr)
@@ -131,7 +135,7 @@ def _amaranth_speed(config, rng):
     c = np.frombuffer(bytes(model.peek(c_addr, 4 * m * n)), dtype="<i4").reshape(m, n)
     if not np.array_equal(c, reference_gemm(a, b)):
         sys.exit("Amaranth simulation: not bit-exact")
-    return ("amaranth", (m, k, n), outcome.cycles, wall)
+    return ((m, k, n), outcome.cycles, wall)
 
 
 def write_report(rows, speeds, path, plot_path):
@@ -141,8 +145,8 @@ def write_report(rows, speeds, path, plot_path):
         "Written by `make bench` (`python -m sim.perf_bench`) on "
         f"{datetime.date.today().isoformat()}; seed {SEED}. Every figure comes from the "
         "hardware's own counters in Verilator simulation (`CYCLES` and `PERF_*`: start to "
-        "done, instruction fetch and DMA included), with cocotbext-axi's `AxiRam` as DRAM and "
-        "no back-pressure; every GEMM was bit-exact.",
+        "done, instruction fetch and DMA included), with cocotbext-axi's AXI4 slave models "
+        "as DRAM (`sim/bench.py`) and no back-pressure; every GEMM was bit-exact.",
         "",
         "Utilization = M * K * N / (cycles * R * C). The mapping ceiling is the useful share "
         "of the weight tiles' PE-cells (seeds section 4.1). SCALE-Sim's weight-stationary "
@@ -183,17 +187,23 @@ def write_report(rows, speeds, path, plot_path):
         "",
         "## Simulator speed",
         "",
-        "Simulated cycles per wall-clock second on 8x8, end to end: the simulator's start, "
-        "the cocotb bench (or Amaranth's test bench) loading DRAM and reading the result "
-        "included, the cached build excluded. One run each, on the 2-core development "
-        "machine, so expect a spread.",
+        "Simulated cycles per wall-clock second on 8x8. End to end: one GEMM, the "
+        "simulator's start, the bench loading DRAM and reading the result included, the "
+        "cached build excluded. Steady state: the extra cycles of the longer GEMM over its "
+        "extra wall time, which leaves the start out. Verilator and Icarus run the cocotb "
+        "bench with cocotbext-axi's AXI4 slave models as DRAM (sim/bench.py); Amaranth's "
+        "simulator runs the controller, DMA and memories with the Python AXI4 memory model of "
+        "tb/amaranth_sim.py. One run each on the shared 2-core machine: expect a spread.",
         "",
-        "| simulator | GEMM | cycles | wall time | cycles per second |",
-        "|---|---|---|---|---|",
+        "| simulator | GEMMs | cycles | wall time | end to end (longer GEMM) | steady state |",
+        "|---|---|---|---|---|---|",
     ]
-    for sim, (m, k, n), cycles, wall in speeds:
-        speed_lines.append(f"| {sim} | {m} x {k} x {n} | {cycles:,} | {wall:.1f} s | "
-                           f"{cycles / wall:,.0f} |")
+    for sim, ((short, short_cycles, short_wall), (long, long_cycles, long_wall)) in speeds:
+        steady = (long_cycles - short_cycles) / max(long_wall - short_wall, 1e-9)
+        speed_lines.append(
+            f"| {sim} | {'x'.join(map(str, short))}, {'x'.join(map(str, long))} | "
+            f"{short_cycles:,}, {long_cycles:,} | {short_wall:.1f} s, {long_wall:.1f} s | "
+            f"{long_cycles / long_wall:,.0f} | {steady:,.0f} |")
     if speeds:
         lines += speed_lines
     lines += [

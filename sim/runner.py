@@ -4,8 +4,9 @@ What is simulated is :class:`sim.bench_top.NPUBench`: the NPU with the AXI4 prot
 on its master, so every RTL test and every driver run is checked. Builds live in
 ``build/sim/<simulator>/<config>-<hash>``, where the hash covers the gateware sources and the
 checker, so a build is made once per configuration and simulator and reused by every test
-and every driver call until ``hw/`` (or the checker) changes. A file lock lets parallel pytest workers share
-one build instead of racing.
+and every driver call until ``hw/`` (or the bench's own gateware) changes; Verilator builds
+with every signal public (``NPU_PUBLIC=1``) go to a folder of their own. A file lock lets
+parallel pytest workers share one build instead of racing.
 """
 
 import fcntl
