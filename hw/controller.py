@@ -686,6 +686,8 @@ class Controller(wiring.Component):
             self.write_cmd.payload.stride.eq(sd_stride),
             self.acc.read_addr.eq(sd_acc + sd_count),
         ]
+        assert Requantizer.latency >= 2, "REQUANTIZE and at least one REQUANTIZE_WAIT"
+        requant_wait = Signal(range(Requantizer.latency - 1))
         with m.FSM(name="store") as store_fsm:
             with m.State("IDLE"):
                 with m.If(sd_start):
@@ -700,12 +702,16 @@ class Controller(wiring.Component):
                     m.next = "REQUANTIZE"
                 with m.Else():
                     m.next = "ROW"
-            # STORE_Q: the row read in READ goes through the two-stage requantizer.
+            # STORE_Q: the row read in READ goes through the requantizer's pipeline; its
+            # result is there Requantizer.latency cycles after REQUANTIZE.
             with m.State("REQUANTIZE"):
                 m.d.comb += requant.valid.eq(1)
+                m.d.sync += requant_wait.eq(Requantizer.latency - 2)
                 m.next = "REQUANTIZE_WAIT"
             with m.State("REQUANTIZE_WAIT"):
-                m.next = "ROW"
+                m.d.sync += requant_wait.eq(requant_wait - 1)
+                with m.If(requant_wait == 0):
+                    m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += self.write_row.valid.eq(1)
                 with m.If(sd_op == Opcode.STORE_Q):
