@@ -29,8 +29,9 @@ class Requantizer(wiring.Component):
     stage has at most one wide shift, multiply, add or clamp, so that none is a long path:
 
     1. the saturating left shift (``x``);
-    2. the four 16 x 16 partial products of ``x * M``, on MULT18X18D with registered inputs
-       and outputs on ECP5 (stage 1's register is their input register);
+    2. the four 16 x 16 partial products of ``x * M``, on ECP5 on MULT18X18D with
+       registered outputs, fed by stage 1's registers (the block RAM's slow output, the
+       shifter and the long route to a DSP would not fit one cycle together);
     3. the middle partial products summed, the rounding nudge added to the outer ones;
     4. ``h = (x * M + 2**30) >> 31``: that is the truncating division of the nudged product
        for either sign (for a negative one, ``trunc(n / d) = floor((n + d - 1) / d)`` turns
@@ -135,11 +136,9 @@ class Requantizer(wiring.Component):
             return {"low": Cat(value[:16], Const(0, 1)).as_signed(),
                     "high": value[16:].as_signed()}
 
-        if on_dsp:
-            # The DSPs' input registers take x and M in the cycle x_1 does.
-            halves_x, halves_m = halves(x), halves(multiplier)
-        else:
-            halves_x, halves_m = halves(x_1), halves(stage(multiplier, signed(32), "m_1"))
+        # From stage 1's registers, which sit beside the shifter: the route to the DSP is
+        # this stage's, not the accumulator read's.
+        halves_x, halves_m = halves(x_1), halves(stage(multiplier, signed(32), "m_1"))
         operands = {"x_low": halves_x["low"], "x_high": halves_x["high"],
                     "m_low": halves_m["low"], "m_high": halves_m["high"]}
         products = {}
@@ -150,7 +149,7 @@ class Requantizer(wiring.Component):
                 ("high_high", ("x_high", "m_high"), signed(32))]:
             product = Signal(shape, name=f"{name}_2_{lane}")
             if on_dsp:
-                mult18x18d(m, operands[a], operands[b], product, registered_inputs=True,
+                mult18x18d(m, operands[a], operands[b], product, registered_inputs=False,
                            name=f"multiplier_{name}_{lane}")
             else:
                 m.d.sync += product.eq(operands[a] * operands[b])
