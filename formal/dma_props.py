@@ -135,11 +135,13 @@ class DMAProperties(Elaboratable):
 
 
 class BurstSplitProperties(Elaboratable):
-    """The DMA's burst splitter (``DMA._burst_len``, shared by reader and writer) for every
+    """The DMA's burst splitter (``DMA._next_burst``, shared by reader and writer) for every
     bus-aligned 32-bit beat address and every beat count from 1 to ``2**17 - 1`` (a row of
     65535 bytes needs at most ``65535 / bus bytes + 1`` beats): the burst is 1 to 256 beats,
     no longer than what is left, ends at or before the next 4 KiB boundary, and is as long as
-    those three limits allow. Combinational, so one cycle proves it for all inputs.
+    those three limits allow; its AXI ``len``, whether it ends the row, and the address and
+    beats left after it agree with its length. Combinational, so one cycle proves it for all
+    inputs.
     """
     def __init__(self, data_width, dma_class=DMA):
         self.dma = dma_class(data_width=data_width, read_row_bytes=4, write_row_bytes=4)
@@ -154,12 +156,17 @@ class BurstSplitProperties(Elaboratable):
         beats_left = Signal(17)
         m.d.comb += [beat_addr.eq(AnyConst(32)), beats_left.eq(AnyConst(17))]
         m.d.comb += Assume((beat_addr[:lg] == 0) & (beats_left >= 1))
-        length = self.dma._burst_len(m, beat_addr, beats_left, "split")
+        length, length_minus_one, last, next_addr, next_left = self.dma._next_burst(
+            m, beat_addr, beats_left, "split")
         to_boundary = (4096 - beat_addr[:12]) >> lg
         m.d.comb += [
             Assert((length >= 1) & (length <= 256)),
             Assert(length <= beats_left),
             Assert(beat_addr[:12] + (length << lg) <= 4096),
             Assert((length == beats_left) | (length == 256) | (length == to_boundary)),
+            Assert(length_minus_one == length - 1),
+            Assert(last == (length == beats_left)),
+            Assert(next_addr == (beat_addr + (length << lg))[:32]),
+            Assert(next_left == beats_left - length),
         ]
         return m

@@ -167,7 +167,9 @@ class DMAWLastStuck(DMA):
 
 class DMAIgnores4K(DMA):
     """Cuts bursts at 256 beats only, so a row that straddles a 4 KiB boundary is one burst."""
-    def _burst_len(self, m, beat_addr, beats_left, name):
+    def _next_burst(self, m, beat_addr, beats_left, name):
+        lg = self.bus_bytes.bit_length() - 1
         length = Signal(range(257), name=f"{name}_burst_len")
         m.d.comb += length.eq(Mux(beats_left <= 256, beats_left, 256))
-        return length
+        return (length, (length - 1)[:8], length == beats_left,
+                (beat_addr + (length << lg))[:32], beats_left - length)

@@ -233,20 +233,29 @@ def _boards():
 _STATIC = """\
 ## What limits the figures
 
-* **The whole NPU is limited by the blocks around the array, not by the array.** Its critical
-  path (above) lies in the controller. In the runs of this page the worst path starts at the
-  controller's instruction queue (distributed RAM), goes through a multiplier that the
-  controller's address arithmetic infers (a MULT18X18D without registers) and several carry
-  chains, and ends in the controller's state, all in one cycle: about 40 ns. From their
-  code (nextpnr reports only the worst path), the requantizer (a 32 x 32 product after a
-  64-bit saturating shift in one stage, a 65-bit rounding add, shift and clamp in the next)
-  and the DMA's row shifters (a whole row shifted by any byte offset in one cycle) have long
-  single-cycle paths of the same kind, next in line once the controller's is cut. Reaching
-  150 MHz for the whole NPU needs those blocks pipelined (registered queue output,
-  incremental address updates instead of products, more requantizer stages, a byte-shift
-  network over two or three cycles); `fpga/` does not change them, since the cycle timing of
-  the controller, DMA and requantizer is their own (`hw/controller.py`, `hw/dma.py`,
-  `hw/requant.py`).
+* **The whole NPU is limited by the blocks around the array, not by the array.** The
+  requantizer is seven stages deep (`Requantizer.latency`: at most one wide shift, multiply,
+  add or clamp a stage, its partial products on MULT18X18D with output registers), the
+  decode stage sums a block's DRAM end right after its product, the DMA forms a burst's
+  three possible ends side by side and the earliest-error choice compares pcs side by
+  side; plain programs keep their cycle timing exactly (only `STORE_Q` takes five cycles
+  more a row). What is left in the 4x4 build is the decode stage itself: the instruction
+  queue's distributed-RAM read, the 16 x 32 bounds product on a MULT18X18D without
+  registers (3.9 ns in the DSP, and long routes to and from the DSP row), its partial sum
+  and the DRAM range check, into the decode registers, about 21 ns. Cutting it with the
+  same timing needs the bounds before the instruction reaches the queue's head (a second
+  queue of bounds computed in the cycle after each instruction is written, the DSP's input
+  registers taking the word as it is written; the head takes its bounds from that queue, or
+  from the DSP when it was written in the cycle before). nextpnr reports only the worst
+  path; from the code, the next limits are the block RAMs: a DP16KD without its output
+  register takes 5.8 ns from clock to data, so the accumulator's read-modify-write (read,
+  32-bit add, write back), the activations from the scratchpad and the requantizer's first
+  stage cannot go much beyond 80 to 100 MHz. The DP16KD output register would lift that,
+  but it makes every scratchpad and accumulator read a cycle longer, which changes the
+  timing of plain programs (MATMUL, PRELOAD, STORE); so would the DMA's row shifters spread
+  over two or three cycles. 150 MHz needs those changes in the design's own timing
+  (`hw/controller.py`, `hw/dma.py`, `hw/scratchpad.py`, `hw/accumulator.py`), which `fpga/`
+  does not make.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
@@ -259,7 +268,7 @@ _STATIC = """\
   `python -m fpga run --top array --config 16x16` synthesizes to 156 PEs on MULT18X18D and
   100 on LUTs), but the LUT multipliers and their routing are slower still: the array
   table has what each size reaches. None of it reaches 51.2 GOPS yet; the whole NPU is far
-  below, at the controller's Fmax.
+  below, at the Fmax of the blocks around the array.
 
 ## How the build is made
 
@@ -280,8 +289,9 @@ _STATIC = """\
   a flip-flop after it, so the adder's 32-bit carry chain has the product right next to it.
   The mesh registers the weight shift enable once per row. The simulated build (`npu
   verilog`, the cocotb tests) keeps the one-cycle PE and plain `*`: no vendor primitive
-  there. The tables count MULT18X18D as nextpnr placed them: the PEs' plus what the
-  requantizer's 32 x 32 products infer.
+  there. The tables count MULT18X18D as nextpnr placed them: the PEs', the requantizer's
+  four a lane (hand-instantiated too, with an output register) and the controller's
+  bounds and MAC-count products.
 * **When the DSPs run out** (more multipliers than the device has), the flow synthesizes
   again with `-nodsp`: the first PEs (row by row, as many as there are MULT18X18D) keep a DSP,
   and the other PEs and the requantizer get Booth LUT multipliers (Yosys `booth`). The
@@ -304,8 +314,8 @@ its utilization in `pnr.log`.
 CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's own Trellis
 build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and `npu.tim`, the
 nextpnr log with its timing). It is the same harnessed NPU with the same MULT18X18D PEs, on
-the board's pins: an EHXPLLL makes a 20 MHz clock from the 25 MHz oscillator (the whole NPU
-does not reach 25 MHz, above) and holds the design in reset until it locks, `switch 0` is
+the board's pins: an EHXPLLL makes a 20 MHz clock from the 25 MHz oscillator (the older tree's whole 8x8
+NPU did not reach 25 MHz) and holds the design in reset until it locks, `switch 0` is
 `scan_in`, `switch 1` is `scan_capture` and `led 0` is `scan_out`. It proves that the whole
 NPU builds, fits and packs
 for a real part and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no

@@ -278,26 +278,32 @@ class Controller(wiring.Component):
         load, store, quant = fetched.args.load, fetched.args.store, fetched.args.quant
         preload, matmul = fetched.args.preload, fetched.args.matmul
 
-        def block_end(addr, rows_, stride, row_bytes):
-            # The byte after the last one a 2-D block touches (more than 32 bits: it wraps).
-            return addr + (rows_ - 1) * stride + row_bytes
-
-        # Wide enough for any operands: 32-bit address + 16-bit rows x 32-bit stride + bytes.
+        # The byte after the last one a 2-D block touches is addr + (rows - 1) * stride +
+        # row_bytes (more than 32 bits: it wraps). It is summed as rows * stride + base, with
+        # base = addr + row_bytes - stride formed beside the multiplier, so that the product
+        # starts right at the queue's output and only one carry chain follows it; the DRAM
+        # range check compares the product with 2**32 - base, beside that last sum (equal to
+        # next_hi > 2**32 whenever rows > 0; a block of 0 rows stops on BAD_LENGTH first).
+        product = Signal(48)         # rows x stride of a block; 0 for LOAD_QUANT
+        base = Signal(signed(35))
         next_lo = Signal(50)
         next_hi = Signal(50)
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD_SPAD, Opcode.LOAD_ACC):
                 m.d.comb += [next_lo.eq(load.dram_addr),
-                             next_hi.eq(block_end(load.dram_addr, load.rows, load.dram_stride,
-                                                  load.row_bytes))]
+                             product.eq(load.rows * load.dram_stride),
+                             base.eq(load.dram_addr + load.row_bytes - load.dram_stride)]
             with m.Case(Opcode.STORE, Opcode.STORE_Q):
                 m.d.comb += [next_lo.eq(store.dram_addr),
-                             next_hi.eq(block_end(store.dram_addr, store.rows,
-                                                  store.dram_stride, store.row_bytes))]
+                             product.eq(store.rows * store.dram_stride),
+                             base.eq(store.dram_addr + store.row_bytes - store.dram_stride)]
             with m.Case(Opcode.LOAD_QUANT):
                 m.d.comb += [next_lo.eq(quant.dram_addr),
-                             next_hi.eq(quant.dram_addr + quant.dram_stride + quant.row_bytes)]
-        dram_overflow = next_hi > (1 << 32)
+                             base.eq(quant.dram_addr + quant.dram_stride + quant.row_bytes)]
+        m.d.comb += next_hi.eq(product + base)
+        dram_limit = Signal(signed(35))
+        m.d.comb += dram_limit.eq((1 << 32) - base)
+        dram_overflow = product > dram_limit      # next_hi > 2**32
 
         # Operand checks, in the order the ISA documents them: lengths, local range, DRAM.
         next_check = Signal(8)
@@ -689,6 +695,8 @@ class Controller(wiring.Component):
             self.write_cmd.payload.stride.eq(sd_stride),
             self.acc.read_addr.eq(sd_acc + sd_count),
         ]
+        assert Requantizer.latency >= 2, "REQUANTIZE and at least one REQUANTIZE_WAIT"
+        requant_wait = Signal(range(Requantizer.latency - 1))
         with m.FSM(name="store") as store_fsm:
             with m.State("IDLE"):
                 with m.If(sd_start):
@@ -703,12 +711,16 @@ class Controller(wiring.Component):
                     m.next = "REQUANTIZE"
                 with m.Else():
                     m.next = "ROW"
-            # STORE_Q: the row read in READ goes through the two-stage requantizer.
+            # STORE_Q: the row read in READ goes through the requantizer's pipeline; its
+            # result is there Requantizer.latency cycles after REQUANTIZE.
             with m.State("REQUANTIZE"):
                 m.d.comb += requant.valid.eq(1)
+                m.d.sync += requant_wait.eq(Requantizer.latency - 2)
                 m.next = "REQUANTIZE_WAIT"
             with m.State("REQUANTIZE_WAIT"):
-                m.next = "ROW"
+                m.d.sync += requant_wait.eq(requant_wait - 1)
+                with m.If(requant_wait == 0):
+                    m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += self.write_row.valid.eq(1)
                 with m.If(sd_op == Opcode.STORE_Q):
@@ -731,14 +743,32 @@ class Controller(wiring.Component):
         all_idle = (~ld_busy & ~wl_busy & array_drained & ~sd_busy & ~reader_busy &
                     ~refetch)
 
-        # The earliest error in program order among the pending one and this cycle's.
-        best_valid, best_code, best_pc = stopping, stop_code, stop_pc
+        # The earliest error in program order among the pending one and this cycle's: the
+        # lowest pc, the first in this order on a tie (what comparing them one after the
+        # other gives). Raises of one pc that follow each other are one candidate, the first
+        # of them winning; the candidates' pcs are compared pairwise, side by side, so that
+        # the comparisons do not form a chain.
+        candidates = [(stopping, stop_code, stop_pc)]
         for condition, code, pc in raises:
-            take = Signal()
-            m.d.comb += take.eq(condition & (~best_valid | (pc < best_pc)))
-            best_valid = Mux(take, 1, best_valid)
-            best_code = Mux(take, code, best_code)
-            best_pc = Mux(take, pc, best_pc)
+            last_valid, last_code, last_pc = candidates[-1]
+            if len(candidates) > 1 and pc is last_pc:
+                candidates[-1] = (last_valid | condition, Mux(last_valid, last_code, code), pc)
+            else:
+                candidates.append((condition, code, pc))
+        below = {}                  # below[a, b]: pc of a < pc of b, for a > b
+        for a, (_, _, pc_a) in enumerate(candidates):
+            for b, (_, _, pc_b) in enumerate(candidates[:a]):
+                below[a, b] = Signal(name=f"error_pc_below_{a}_{b}")
+                m.d.comb += below[a, b].eq(pc_a < pc_b)
+        best_valid, best_code, best_pc = 0, 0, 0
+        for k, (valid_k, code_k, pc_k) in reversed(list(enumerate(candidates))):
+            beaten_by = [candidates[j][0] & ~below[k, j] for j in range(k)]       # pc_j <= pc_k
+            beaten_by += [candidates[j][0] & below[j, k] for j in range(k + 1, len(candidates))]
+            wins = Signal(name=f"error_candidate_{k}_wins")
+            m.d.comb += wins.eq(valid_k & ~Cat(*beaten_by).any())
+            best_valid = wins | best_valid
+            best_code = Mux(wins, code_k, best_code)
+            best_pc = Mux(wins, pc_k, best_pc)
         with m.If(running):
             m.d.sync += [stopping.eq(best_valid), stop_code.eq(best_code),
                          stop_pc.eq(best_pc)]

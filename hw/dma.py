@@ -91,19 +91,53 @@ class DMA(wiring.Component):
         aligned = Cat(Const(0, lg), addr[lg:])
         return aligned, offset, beats
 
-    def _burst_len(self, m, beat_addr, beats_left, name):
-        """Beats in the next burst: the rest of the row, cut at 4 KiB and at 256 beats."""
+    def _next_burst(self, m, beat_addr, beats_left, name):
+        """The next burst of a row at the bus-aligned ``beat_addr`` with ``beats_left`` beats
+        to go: the rest of the row, cut at 4 KiB and at 256 beats.
+
+        Returns ``(length, length_minus_one, last, next_addr, next_left)``: the burst's beats
+        (and the AXI ``len`` field), whether it ends the row, and the beat address and beats
+        left after it. Each of the three possible
+        lengths has its own sums, formed from the registers side by side; only the choice
+        between them waits for the comparison (one carry chain), not another sum after it.
+        """
         lg = self.bus_bytes.bit_length() - 1
-        to_boundary = Signal(range(4096 // self.bus_bytes + 1), name=f"{name}_to_4k")
+        page = 4096 >> lg                    # beats in 4 KiB
+        into_page = beat_addr[lg:12]         # beats of this 4 KiB before beat_addr
+        to_boundary = Signal(range(page + 1), name=f"{name}_to_4k")
+        m.d.comb += to_boundary.eq(page - into_page)
+        # beats_left <= to_boundary, i.e. beats_left + into_page <= page (a power of two).
+        reach = Signal(18, name=f"{name}_reach")
+        m.d.comb += reach.eq(beats_left + into_page)
+        within_page = ((reach >> (12 - lg)) == 0) | (reach == page)
+        within_cap = ((beats_left >> 8) == 0) | (beats_left == 256)
+        last = Signal(name=f"{name}_burst_last")
+        page_first = Signal(name=f"{name}_burst_to_4k")     # else cut at 256 beats
+        m.d.comb += [last.eq(within_page & within_cap),
+                     page_first.eq(into_page >= page - 256)]     # to_boundary <= 256
+
         length = Signal(range(257), name=f"{name}_burst_len")
-        m.d.comb += to_boundary.eq((4096 - beat_addr[:12]) >> lg)
-        with m.If((beats_left <= to_boundary) & (beats_left <= 256)):
-            m.d.comb += length.eq(beats_left)
-        with m.Elif(to_boundary <= 256):
-            m.d.comb += length.eq(to_boundary)
+        length_minus_one = Signal(8, name=f"{name}_burst_len_minus_one")
+        next_addr = Signal(32, name=f"{name}_next_beat_addr")
+        next_left = Signal(17, name=f"{name}_next_beats_left")
+        # The three ends: the row's, the next 4 KiB boundary, 256 beats on.
+        row_end = (beat_addr + (beats_left << lg))[:32]
+        page_end = Cat(Const(0, 12), beat_addr[12:] + 1)
+        cap_end = (beat_addr + (256 << lg))[:32]
+        with m.If(last):
+            m.d.comb += [length.eq(beats_left), length_minus_one.eq(beats_left - 1),
+                         next_addr.eq(row_end), next_left.eq(0)]
+        with m.Elif(page_first):
+            # to_boundary - 1 = (page - 1) - into_page; beats_left - to_boundary =
+            # beats_left + (into_page - page), and into_page - page is into_page with a
+            # sign bit on top.
+            m.d.comb += [length.eq(to_boundary), length_minus_one.eq(~into_page),
+                         next_addr.eq(page_end),
+                         next_left.eq(beats_left + Cat(into_page, Const(1, 1)).as_signed())]
         with m.Else():
-            m.d.comb += length.eq(256)
-        return length
+            m.d.comb += [length.eq(256), length_minus_one.eq(255), next_addr.eq(cap_end),
+                         next_left.eq(beats_left - 256)]
+        return length, length_minus_one, last, next_addr, next_left
 
     def elaborate(self, platform):
         m = Module()
@@ -153,18 +187,19 @@ class DMA(wiring.Component):
         ar_next_row = ar_row_addr + stride
         ar_next_aligned, _, ar_next_beats = self._row_geometry(m, ar_next_row[:32], row_bytes,
                                                                "rd_next")
-        ar_len = self._burst_len(m, ar_beat_addr, ar_beats_left, "rd")
+        ar_len, ar_len_minus_one, ar_last, ar_after_addr, ar_after_left = self._next_burst(
+            m, ar_beat_addr, ar_beats_left, "rd")
         m.d.comb += [
             bus.araddr.eq(ar_beat_addr),
-            bus.arlen.eq(ar_len - 1),
+            bus.arlen.eq(ar_len_minus_one),
             bus.arvalid.eq(ar_active),
         ]
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [
-                ar_beat_addr.eq(ar_beat_addr + (ar_len << lg)),
-                ar_beats_left.eq(ar_beats_left - ar_len),
+                ar_beat_addr.eq(ar_after_addr),
+                ar_beats_left.eq(ar_after_left),
             ]
-            with m.If(ar_beats_left == ar_len):
+            with m.If(ar_last):
                 m.d.sync += [
                     ar_rows_left.eq(ar_rows_left - 1),
                     ar_row_addr.eq(ar_next_row),
@@ -235,7 +270,8 @@ class DMA(wiring.Component):
         load_row = Signal(8 * self.write_row_bytes)
         m.d.comb += load_row.eq(Mux(next_valid, next_row, self.write_row.payload))
         w_aligned, w_offset, w_beats = self._row_geometry(m, load_addr, w_row_bytes, "wr")
-        w_len = self._burst_len(m, w_beat_addr, w_beats_left, "wr")
+        w_len, w_len_minus_one, _, w_after_addr, w_after_left = self._next_burst(
+            m, w_beat_addr, w_beats_left, "wr")
 
         byte_mask = Signal(self.write_row_bytes)
         for byte in range(self.write_row_bytes):
@@ -254,7 +290,7 @@ class DMA(wiring.Component):
 
         m.d.comb += [
             bus.awaddr.eq(w_beat_addr),
-            bus.awlen.eq(w_len - 1),
+            bus.awlen.eq(w_len_minus_one),
             bus.wdata.eq(w_data[w_beat]),
             bus.wstrb.eq(w_strb[w_beat]),
             bus.wlast.eq(w_burst_beat == w_burst_len - 1),
@@ -291,8 +327,8 @@ class DMA(wiring.Component):
                 m.d.sync += w_burst_len.eq(w_len)
                 with m.If(bus.awready):
                     m.d.sync += [
-                        w_beat_addr.eq(w_beat_addr + (w_len << lg)),
-                        w_beats_left.eq(w_beats_left - w_len),
+                        w_beat_addr.eq(w_after_addr),
+                        w_beats_left.eq(w_after_left),
                         w_burst_beat.eq(0),
                     ]
                     m.next = "DATA"

@@ -5,7 +5,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 
-__all__ = ["PE", "MAX_MAC_PIPELINE", "mac_pipeline", "dsp_pes"]
+__all__ = ["PE", "MAX_MAC_PIPELINE", "mac_pipeline", "dsp_pes", "mult18x18d"]
 
 
 #: Deepest product pipeline a PE builds (see :class:`PE`).
@@ -138,7 +138,7 @@ class PE(wiring.Component):
         multiplier_stages = min(stages, 2)
         value = Signal(signed(16))
         if self.dsp and getattr(platform, "family", None) == "ecp5":
-            _mult18x18d(m, *operands, value, registered_inputs=(multiplier_stages == 2))
+            mult18x18d(m, *operands, value, registered_inputs=(multiplier_stages == 2))
         else:
             product = operands[0] * operands[1]
             for stage in range(multiplier_stages):
@@ -154,9 +154,11 @@ class PE(wiring.Component):
         return m
 
 
-def _mult18x18d(m, a, b, product, *, registered_inputs):
-    """``product`` <= ``a * b`` (signed) on an ECP5 MULT18X18D: output register, and input
-    registers when ``registered_inputs``, on the ``sync`` clock.
+def mult18x18d(m, a, b, product, *, registered_inputs, name="multiplier"):
+    """``product`` <= ``a * b`` (signed, up to 18 bits each) on an ECP5 MULT18X18D, the
+    submodule ``name`` of ``m``: output register, and input registers when
+    ``registered_inputs``, on the ``sync`` clock. An operand is sign-extended from its top
+    bit (give an unsigned one a zero bit on top).
 
     Its registers are not reset: they hold only values in flight, never state, and a reset
     net to every DSP would be the slowest net of the array. After a reset, the at most two
@@ -172,16 +174,16 @@ def _mult18x18d(m, a, b, product, *, registered_inputs):
         "i_SOURCEA": Const(0), "i_SOURCEB": Const(0),
         "i_CLK0": ClockSignal("sync"), "i_CE0": Const(1), "i_RST0": Const(0),
     }
-    for name in ("CLK", "CE", "RST"):
+    for port in ("CLK", "CE", "RST"):
         for index in (1, 2, 3):
-            ports[f"i_{name}{index}"] = Const(0)
+            ports[f"i_{port}{index}"] = Const(0)
     for bit, (a_bit, b_bit) in enumerate(zip(sign_extend(a), sign_extend(b))):
         ports[f"i_A{bit}"] = a_bit
         ports[f"i_B{bit}"] = b_bit
         ports[f"i_C{bit}"] = Const(0)
     for bit in range(len(product)):
         ports[f"o_P{bit}"] = product[bit]
-    m.submodules.multiplier = Instance(
+    m.submodules[name] = Instance(
         "MULT18X18D",
         p_REG_INPUTA_CLK=clock, p_REG_INPUTA_CE="CE0", p_REG_INPUTA_RST="RST0",
         p_REG_INPUTB_CLK=clock, p_REG_INPUTB_CE="CE0", p_REG_INPUTB_RST="RST0",

@@ -1,8 +1,10 @@
 """The requantizer of the output path: INT32 accumulator rows to INT8, per output channel."""
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
+
+from .pe import dsp_pes, mult18x18d
 
 
 __all__ = ["Requantizer", "INT32_MIN", "INT32_MAX"]
@@ -13,7 +15,8 @@ INT32_MAX = (1 << 31) - 1
 
 
 class Requantizer(wiring.Component):
-    """TFLite/gemmlowp integer requantization of one accumulator row, two cycles deep.
+    """TFLite/gemmlowp integer requantization of one accumulator row, :attr:`latency` cycles
+    deep.
 
     For each lane ``j`` (``S = shift[j]``, positive = right shift, ``M = multiplier[j]``)::
 
@@ -22,15 +25,35 @@ class Requantizer(wiring.Component):
         r = RoundingDivideByPOT(h, max(S, 0))
         y = clamp(r + zero_point, act_min, act_max)
 
-    (see :mod:`sw.quant` for the definitions; ``docs/quantization.md`` for users). Stage 1
-    registers the shifted accumulator times the multiplier; stage 2 rounds, adds the zero
-    point and clamps. A row given with ``valid`` in cycle ``t`` is on ``result`` from cycle
-    ``t + 2`` until the next valid row has gone through.
+    (see :mod:`sw.quant` for the definitions; ``docs/quantization.md`` for users). Each
+    stage has at most one wide shift, multiply, add or clamp, so that none is a long path:
+
+    1. the saturating left shift (``x``);
+    2. the four 16 x 16 partial products of ``x * M``, on ECP5 on MULT18X18D with
+       registered outputs, fed by stage 1's registers (the block RAM's slow output, the
+       shifter and the long route to a DSP would not fit one cycle together);
+    3. the middle partial products summed, the rounding nudge added to the outer ones;
+    4. ``h = (x * M + 2**30) >> 31``: that is the truncating division of the nudged product
+       for either sign (for a negative one, ``trunc(n / d) = floor((n + d - 1) / d)`` turns
+       the nudge ``1 - 2**30`` into ``2**30``); ``INT32_MAX`` when both are ``INT32_MIN``;
+    5. the rounding right shift and its round-up decision;
+    6. the round-up and the zero point added (one carry chain);
+    7. the clamp.
+
+    A row given with ``valid`` in cycle ``t`` is on ``result`` from cycle ``t + latency``
+    until the next valid row has gone through; rows may follow each other in every cycle.
+    ``multiplier``, ``zero_point`` and the clamp bounds are read by later stages: they hold
+    while a row is in flight (the controller changes them only in ``LOAD_QUANT``, which
+    waits for the store unit).
 
     Parameters
     ----------
     cols : int
         Lanes per row.
+    dsp : bool
+        On ECP5, put the partial products on MULT18X18D (default, unless the platform has
+        run out of them: ``npu_dsp_pes``). Without, the same registers are built around a
+        plain ``*``.
 
     Attributes
     ----------
@@ -44,8 +67,14 @@ class Requantizer(wiring.Component):
     result_valid : Out(1)
     result : Out(ArrayLayout(signed(8), cols))
     """
-    def __init__(self, cols):
+    #: Cycles from ``valid`` to the row on ``result``.
+    latency = 7
+
+    def __init__(self, cols, *, dsp=True):
+        if not isinstance(cols, int) or isinstance(cols, bool) or cols < 1:
+            raise ValueError(f"cols must be a positive integer, not {cols!r}")
         self.cols = cols
+        self.dsp = bool(dsp)
         super().__init__({
             "valid":        In(1),
             "acc":          In(data.ArrayLayout(signed(32), cols)),
@@ -60,66 +89,112 @@ class Requantizer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        on_dsp = (self.dsp and getattr(platform, "family", None) == "ecp5"
+                  and dsp_pes(platform) is None)
 
-        stage1_valid = Signal()
-        m.d.sync += [stage1_valid.eq(self.valid), self.result_valid.eq(stage1_valid)]
+        # Only the row's valid flag and the result are held; the stages in between run
+        # every cycle (as the MULT18X18D's registers do).
+        valid = self.valid
+        for stage in range(1, self.latency):
+            registered = Signal(name=f"valid_{stage}")
+            m.d.sync += registered.eq(valid)
+            valid = registered
+        m.d.sync += self.result_valid.eq(valid)
 
         for lane in range(self.cols):
-            acc = self.acc[lane]
-            multiplier = self.multiplier[lane]
-            shift = self.shift[lane]
-
-            # Stage 1: saturating left shift, then the 64-bit product.
-            left = Signal(range(32), name=f"left_{lane}")
-            m.d.comb += left.eq(Mux(shift < 0, -shift, 0))
-            widened = Signal(signed(64), name=f"widened_{lane}")
-            m.d.comb += widened.eq(acc << left)
-            x = Signal(signed(32), name=f"x_{lane}")
-            with m.If(widened > INT32_MAX):
-                m.d.comb += x.eq(INT32_MAX)
-            with m.Elif(widened < INT32_MIN):
-                m.d.comb += x.eq(INT32_MIN)
-            with m.Else():
-                m.d.comb += x.eq(widened)
-
-            product = Signal(signed(64), name=f"product_{lane}")
-            overflow = Signal(name=f"overflow_{lane}")
-            right = Signal(range(32), name=f"right_{lane}")
-            with m.If(self.valid):
-                m.d.sync += [
-                    product.eq(x * multiplier),
-                    overflow.eq((x == INT32_MIN) & (multiplier == INT32_MIN)),
-                    right.eq(Mux(shift > 0, shift, 0)),
-                ]
-
-            # Stage 2: rounding doubling high multiply, rounding right shift, zero point, clamp.
-            nudged = Signal(signed(65), name=f"nudged_{lane}")
-            m.d.comb += nudged.eq(product + Mux(product >= 0, 1 << 30, 1 - (1 << 30)))
-            # Division by 2**31 truncating toward zero: floor, plus one for a negative
-            # dividend with a remainder.
-            floor = nudged >> 31
-            inexact = nudged[:31] != 0
-            high = Signal(signed(32), name=f"high_{lane}")
-            m.d.comb += high.eq(Mux(overflow, INT32_MAX,
-                                    floor + ((nudged < 0) & inexact)))
-
-            mask = Signal(unsigned(32), name=f"mask_{lane}")
-            m.d.comb += mask.eq((Const(1, unsigned(33)) << right) - 1)
-            remainder = high.as_unsigned() & mask
-            threshold = (mask >> 1) + (high < 0)
-            rounded = Signal(signed(33), name=f"rounded_{lane}")
-            m.d.comb += rounded.eq((high >> right) + (remainder > threshold))
-
-            shifted_zero = Signal(signed(34), name=f"with_zero_point_{lane}")
-            m.d.comb += shifted_zero.eq(rounded + self.zero_point)
-            clamped = Signal(signed(8), name=f"clamped_{lane}")
-            with m.If(shifted_zero < self.act_min):
-                m.d.comb += clamped.eq(self.act_min)
-            with m.Elif(shifted_zero > self.act_max):
-                m.d.comb += clamped.eq(self.act_max)
-            with m.Else():
-                m.d.comb += clamped.eq(shifted_zero)
-            with m.If(stage1_valid):
-                m.d.sync += self.result[lane].eq(clamped)
-
+            result = self._lane(m, lane, on_dsp)
+            with m.If(valid):
+                m.d.sync += self.result[lane].eq(result)
         return m
+
+    def _lane(self, m, lane, on_dsp):
+        """The stages of one lane; returns the clamped value, to register as the result."""
+        def stage(value, shape, name):
+            registered = Signal(shape, name=f"{name}_{lane}")
+            m.d.sync += registered.eq(value)
+            return registered
+
+        acc = self.acc[lane]
+        multiplier = self.multiplier[lane]
+        shift = self.shift[lane]
+
+        # 1: saturating left shift. The product fits 32 bits when the bits shifted past the
+        # sign (acc >> (31 - left), and 31 - left is ~left) are all sign bits.
+        left = Signal(range(32), name=f"left_{lane}")
+        m.d.comb += left.eq(Mux(shift < 0, -shift, 0))
+        high_bits = Signal(signed(32), name=f"high_bits_{lane}")
+        m.d.comb += high_bits.eq(acc >> (~left)[:5])
+        x = Signal(signed(32), name=f"x_{lane}")
+        m.d.comb += x.eq(Mux((high_bits == 0) | (high_bits == -1), (acc << left)[:32],
+                             Mux(acc < 0, INT32_MIN, INT32_MAX)))
+        right_1 = stage(Mux(shift > 0, shift, 0)[:5], unsigned(5), "right_1")
+        x_1 = stage(x, signed(32), "x_1")
+
+        # 2: x * M = high_high << 32 + (low_high + high_low) << 16 + low_low, from 17-bit
+        # signed operands (a low half is unsigned: a zero bit on top).
+        def halves(value):
+            return {"low": Cat(value[:16], Const(0, 1)).as_signed(),
+                    "high": value[16:].as_signed()}
+
+        # From stage 1's registers, which sit beside the shifter: the route to the DSP is
+        # this stage's, not the accumulator read's.
+        halves_x, halves_m = halves(x_1), halves(stage(multiplier, signed(32), "m_1"))
+        operands = {"x_low": halves_x["low"], "x_high": halves_x["high"],
+                    "m_low": halves_m["low"], "m_high": halves_m["high"]}
+        products = {}
+        for name, (a, b), shape in [
+                ("low_low", ("x_low", "m_low"), unsigned(32)),
+                ("low_high", ("x_low", "m_high"), signed(32)),
+                ("high_low", ("x_high", "m_low"), signed(32)),
+                ("high_high", ("x_high", "m_high"), signed(32))]:
+            product = Signal(shape, name=f"{name}_2_{lane}")
+            if on_dsp:
+                mult18x18d(m, operands[a], operands[b], product, registered_inputs=False,
+                           name=f"multiplier_{name}_{lane}")
+            else:
+                m.d.sync += product.eq(operands[a] * operands[b])
+            products[name] = product
+        overflow_2 = stage((x_1 == INT32_MIN) & (multiplier == INT32_MIN), 1, "overflow_2")
+        right_2 = stage(right_1, unsigned(5), "right_2")
+
+        # 3: the middle sum; the nudge 2**30 added to the outer products (bits 30 and up).
+        middle_3 = stage(products["low_high"] + products["high_low"], signed(33), "middle_3")
+        outer = Cat(products["low_low"], products["high_high"])
+        outer_3 = stage(Cat(outer[:30], outer[30:].as_signed() + 1), signed(64), "outer_3")
+        overflow_3 = stage(overflow_2, 1, "overflow_3")
+        right_3 = stage(right_2, unsigned(5), "right_3")
+        # RoundingDivideByPOT's mask and threshold halves, from the shift alone.
+        mask = Signal(unsigned(31), name=f"mask_{lane}")
+        m.d.comb += mask.eq((Const(1, unsigned(32)) << right_2) - 1)
+        mask_3 = stage(mask, unsigned(31), "mask_3")
+
+        # 4: h = (x * M + 2**30) >> 31; the low 16 bits take no part in the sum.
+        nudged = Signal(signed(48), name=f"nudged_{lane}")
+        m.d.comb += nudged.eq(outer_3[16:].as_signed() + middle_3)
+        high_4 = stage(Mux(overflow_3, INT32_MAX, nudged[15:47].as_signed()), signed(32),
+                       "high_4")
+        right_4 = stage(right_3, unsigned(5), "right_4")
+        mask_4 = stage(mask_3, unsigned(31), "mask_4")
+
+        # 5: rounding right shift; round up when the remainder is above the threshold.
+        negative = high_4 < 0
+        remainder = (high_4.as_unsigned() & mask_4)[:31]
+        threshold = (mask_4 >> 1) + negative
+        shifted_5 = stage(high_4 >> right_4, signed(32), "shifted_5")
+        round_up_5 = stage(remainder > threshold, 1, "round_up_5")
+
+        # 6: shifted + zero point + round-up, as one adder with the round-up as carry in:
+        # (2a + c) + (2b + c) = 2 (a + b + c).
+        doubled = (Cat(round_up_5, shifted_5).as_signed() +
+                   Cat(round_up_5, self.zero_point).as_signed())
+        with_zero_point_6 = stage(doubled[1:].as_signed(), signed(33), "with_zero_point_6")
+
+        # 7: the clamp.
+        clamped = Signal(signed(8), name=f"clamped_{lane}")
+        with m.If(with_zero_point_6 < self.act_min):
+            m.d.comb += clamped.eq(self.act_min)
+        with m.Elif(with_zero_point_6 > self.act_max):
+            m.d.comb += clamped.eq(self.act_max)
+        with m.Else():
+            m.d.comb += clamped.eq(with_zero_point_6)
+        return clamped

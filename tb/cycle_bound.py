@@ -9,7 +9,8 @@ instruction's fields gives a bound for any instruction word, legal or not:
 * a load of ``rows`` rows of ``row_bytes`` bytes: per row one AR per burst and at most
   ``ceil((row_bytes + bus_bytes - 1) / bus_bytes)`` R beats (a row may start anywhere in a
   beat); a burst is cut at 256 beats and at 4 KiB, so a row has at most ``beats // 256 + 2``;
-* a store: per row one AW and one B per burst and the same number of W beats;
+* a store: per row one AW and one B per burst and the same number of W beats (and for
+  ``STORE_Q`` the requantizer's ``Requantizer.latency`` cycles);
 * ``PRELOAD``: ``R`` scratchpad reads; ``MATMUL``: ``rows`` reads plus the array's
   ``R + C - 1`` cycles of latency.
 
@@ -24,6 +25,7 @@ cycles on the channel plus up to 12 cycles of DRAM latency, plus the models' own
 """
 
 from hw.isa import INSTR_BYTES, Opcode
+from hw.requant import Requantizer
 from sw import codec
 
 
@@ -62,7 +64,9 @@ def instruction_bound(config, word, wait=WAIT):
         rows = min(fields["rows"], depth)
         row_bytes = min(fields["row_bytes"], width)
         per_burst = 1 if opcode in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC) else 2
-        per_row = 4 + _row_handshakes(row_bytes, bus_bytes, per_burst) * wait
+        # A STORE_Q row also waits for the requantizer's pipeline.
+        requantize = Requantizer.latency if opcode == Opcode.STORE_Q else 0
+        per_row = 4 + requantize + _row_handshakes(row_bytes, bus_bytes, per_burst) * wait
         work = 4 + rows * per_row
     elif opcode == Opcode.LOAD_QUANT:
         row_bytes = min(fields["row_bytes"], config.acc_row_bytes)

@@ -7,6 +7,8 @@ AW before its W data, ``wlast`` on the last beat of each burst. The tests check 
 
 import numpy as np
 import pytest
+from amaranth.hdl import Module, Signal
+from amaranth.sim import Simulator
 
 from amaranth_sim import AXI4MemoryModel, run_simulation
 from hw.axi import Resp
@@ -260,3 +262,46 @@ def test_long_rows_split_at_256_beats_and_4k():
                                       (0x14000, 197)]
 
     run_simulation(dut, testbench, processes=[model.process])
+
+
+def _burst_rule(bus_bytes, beat_addr, beats_left):
+    """The next burst of a row, as the AXI rules and the DMA's docstring say: the rest of the
+    row, cut at the next 4 KiB boundary and at 256 beats. (length, len field, last, beat
+    address after it, beats left after it)."""
+    to_boundary = (4096 - beat_addr % 4096) // bus_bytes
+    length = min(beats_left, to_boundary, 256)
+    return (length, (length - 1) % 256, int(length == beats_left),
+            (beat_addr + length * bus_bytes) % (1 << 32), beats_left - length)
+
+
+@pytest.mark.parametrize("data_width", WIDTHS)
+def test_burst_split(data_width):
+    """The burst arithmetic (its three ends formed side by side) against the rule, on rows
+    near 4 KiB boundaries and the 256-beat cap and on random ones."""
+    bus_bytes = data_width // 8
+    dma = DMA(data_width=data_width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    dma._MustUse__silence = True
+    m = Module()
+    beat_addr, beats_left = Signal(32), Signal(17)
+    outputs = dma._next_burst(m, beat_addr, beats_left, "test")
+    seed = 0xB0 + data_width
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    cases = [(page + offset, left) for page in (0, 4096, (1 << 32) - 4096)
+             for offset in (0, bus_bytes, 2048, 4096 - 256 * bus_bytes, 4096 - bus_bytes)
+             if 0 <= offset < 4096
+             for left in (1, 2, 255, 256, 257, 511, 512, 513, 1024, (1 << 17) - 1)]
+    cases += [(int(rng.integers(0, 1 << 32)) // bus_bytes * bus_bytes,
+               int(rng.choice([rng.integers(1, 600), rng.integers(1, 1 << 17)])))
+              for _ in range(3000)]
+
+    async def testbench(ctx):
+        for addr, left in cases:
+            ctx.set(beat_addr, addr)
+            ctx.set(beats_left, left)
+            got = tuple(ctx.get(value) for value in outputs)
+            assert got == _burst_rule(bus_bytes, addr, left), (hex(addr), left, got)
+
+    sim = Simulator(m)
+    sim.add_testbench(testbench)
+    sim.run()

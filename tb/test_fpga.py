@@ -22,6 +22,7 @@ from amaranth.lib.memory import Memory
 
 from fpga.flow import ECP5Target, FlowOptions, run
 from hw.config import NPUConfig
+from hw.requant import Requantizer
 from hw.systolic import SystolicArray
 
 
@@ -155,4 +156,91 @@ def test_mult18x18d_form_matches_plain_array(rows, cols, seed, tmp_path):
     ran = subprocess.run(["vvp", "-n", "bench.vvp"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
     rows_in = sum(entry[0] for entry in schedule)
+    assert f"MISMATCH=0 RESULTS={rows_in}" in ran.stdout, (ran.stdout, ran.stderr, seed)
+
+
+class _PlainAndFPGARequantizers(Elaboratable):
+    """The plain requantizer and its MULT18X18D form side by side, fed one accumulator row
+    per cycle from a ROM (valid, lanes) with fixed parameters; ``mismatch`` latches the first
+    cycle their outputs differ, ``results`` counts valid result rows."""
+    def __init__(self, parameters, schedule):
+        self.parameters, self.schedule = parameters, schedule
+        self.cols = len(parameters["multiplier"])
+        self.mismatch = Signal()
+        self.results = Signal(16)
+        self.done = Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        cols = self.cols
+        m.submodules.plain = plain = Requantizer(cols, dsp=False)
+        m.submodules.fpga = fpga = Requantizer(cols)
+        layout = data.StructLayout({"valid": 1, "acc": data.ArrayLayout(signed(32), cols)})
+        words = [layout.const({"valid": valid, "acc": acc}).as_value().value
+                 for valid, acc in self.schedule]
+        m.submodules.rom = rom = Memory(shape=layout.as_shape().width, depth=len(words),
+                                        init=words)
+        read = rom.read_port(domain="comb")
+        cycle = Signal(range(len(words) + 1))
+        word = data.View(layout, read.data)
+        m.d.comb += read.addr.eq(cycle)
+        with m.If(cycle < len(words) - 1):
+            m.d.sync += cycle.eq(cycle + 1)
+        with m.Else():
+            m.d.sync += self.done.eq(1)
+        for requantizer in (plain, fpga):
+            m.d.comb += [requantizer.valid.eq(word.valid), requantizer.acc.eq(word.acc)]
+            for name, value in self.parameters.items():
+                port = getattr(requantizer, name)
+                if isinstance(value, list):
+                    m.d.comb += [port[lane].eq(lane_value) for lane, lane_value in enumerate(value)]
+                else:
+                    m.d.comb += port.eq(value)
+        with m.If((plain.result_valid != fpga.result_valid)
+                  | (plain.result.as_value() != fpga.result.as_value())):
+            m.d.sync += self.mismatch.eq(1)
+        m.d.sync += self.results.eq(self.results + plain.result_valid)
+        return m
+
+
+@pytest.mark.parametrize("seed", [51, 52])
+def test_mult18x18d_form_of_the_requantizer_matches_plain(seed, tmp_path):
+    """The requantizer as fpga/ builds it (its partial products on MULT18X18D instances)
+    gives the plain requantizer's outputs cycle by cycle under Icarus, with the DSP model,
+    on edge and random accumulators, multipliers and shifts."""
+    if shutil.which("iverilog") is None:
+        pytest.fail("Icarus Verilog is not installed (apt-get install -y iverilog)")
+    rng = np.random.default_rng(seed)
+    int32_min, int32_max = -(1 << 31), (1 << 31) - 1
+    multiplier = [int32_min, int32_max, 1 << 30, -1, 1518500250,
+                  *(int(v) for v in rng.integers(int32_min, int32_max, 3, endpoint=True))]
+    cols = len(multiplier)
+    shift = [-31, 31, 0, int(rng.integers(-31, 0)), *(int(v) for v in rng.integers(-31, 32, 4))]
+    zero_point = int(rng.integers(-128, 128))
+    act_min = int(rng.integers(-128, 128))
+    parameters = {"multiplier": multiplier, "shift": shift, "zero_point": zero_point,
+                  "act_min": act_min, "act_max": int(rng.integers(act_min, 128))}
+    edges = [0, 1, -1, int32_max, int32_min, 1 << 30, -(1 << 30), 12345678]
+    schedule = [(1, [edge] * cols) for edge in edges]
+    for _ in range(120):
+        magnitude = rng.integers(0, 32, cols)
+        acc = rng.integers(int32_min, int32_max, cols, endpoint=True) >> magnitude
+        schedule.append((int(rng.random() < 0.7), [int(v) for v in acc]))
+    schedule += [(0, [0] * cols)] * (Requantizer.latency + 2)
+    pair = _PlainAndFPGARequantizers(parameters, schedule)
+    text = verilog.convert(pair, name="pair", platform=ECP5Target(),
+                           ports={"mismatch": (pair.mismatch, PortDirection.Output),
+                                  "results": (pair.results, PortDirection.Output),
+                                  "done": (pair.done, PortDirection.Output)},
+                           emit_src=False)
+    assert text.count("MULT18X18D #") == 4 * cols
+    (tmp_path / "pair.v").write_text(text)
+    (tmp_path / "bench.v").write_text(_BENCH)
+    compiled = subprocess.run(["iverilog", "-g2012", "-s", "bench", "-o", "bench.vvp",
+                               "bench.v", "pair.v", str(MODELS / "MULT18X18D.v")],
+                              cwd=tmp_path, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    ran = subprocess.run(["vvp", "-n", "bench.vvp"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    rows_in = sum(valid for valid, _ in schedule)
     assert f"MISMATCH=0 RESULTS={rows_in}" in ran.stdout, (ran.stdout, ran.stderr, seed)

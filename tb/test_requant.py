@@ -9,8 +9,10 @@ from sw.quant import requantize
 
 
 def _run(cols, rows, multiplier, shift, zero_point, act_min, act_max):
-    """Push ``rows`` through the requantizer back to back; return the INT8 rows."""
+    """Push ``rows`` through the requantizer back to back; return the INT8 rows. Each row
+    must come out exactly ``Requantizer.latency`` cycles after it went in."""
     dut = Requantizer(cols)
+    latency = Requantizer.latency
     outputs = []
 
     async def testbench(ctx):
@@ -19,14 +21,15 @@ def _run(cols, rows, multiplier, shift, zero_point, act_min, act_max):
         ctx.set(dut.zero_point, zero_point)
         ctx.set(dut.act_min, act_min)
         ctx.set(dut.act_max, act_max)
-        for row in list(rows) + [None, None]:
+        for cycle, row in enumerate(list(rows) + [None] * latency):
             ctx.set(dut.valid, row is not None)
             if row is not None:
                 ctx.set(dut.acc, [int(v) for v in row])
             await ctx.tick()
+            # After this tick it is cycle + 1: the row of cycle + 1 - latency is out.
+            assert ctx.get(dut.result_valid) == (0 <= cycle + 1 - latency < len(rows)), cycle
             if ctx.get(dut.result_valid):
                 outputs.append([int(v) for v in ctx.get(dut.result)])
-        assert not ctx.get(dut.result_valid)
 
     run_simulation(dut, testbench)
     return np.array(outputs, dtype=np.int8)
@@ -65,3 +68,27 @@ def test_random(seed):
     want = requantize(rows, multiplier.astype(np.int32), shift.astype(np.int32), zero_point,
                       act_min, act_max)
     assert np.array_equal(got, want), f"seed {seed}"
+
+
+def test_result_holds_until_the_next_row():
+    """The store unit reads the result as long as the DMA writer makes it wait."""
+    dut = Requantizer(2)
+    acc = [[1 << 20, -(1 << 20)], [3, -3]]
+
+    async def testbench(ctx):
+        ctx.set(dut.multiplier, [1 << 30, 1 << 30])
+        ctx.set(dut.shift, [4, 4])
+        ctx.set(dut.act_min, -128)
+        ctx.set(dut.act_max, 127)
+        ctx.set(dut.acc, acc[0])
+        ctx.set(dut.valid, 1)
+        await ctx.tick()
+        ctx.set(dut.valid, 0)
+        ctx.set(dut.acc, acc[1])
+        await ctx.tick().repeat(Requantizer.latency + 20)
+        want = requantize(np.array(acc[:1], np.int32), np.array([1 << 30] * 2, np.int32),
+                          np.array([4, 4], np.int32), 0, -128, 127)
+        assert [int(v) for v in ctx.get(dut.result)] == want[0].tolist() == [127, -128]
+        assert not ctx.get(dut.result_valid)
+
+    run_simulation(dut, testbench)
