@@ -67,7 +67,7 @@ formal: venv
 	$(PY) -m formal
 
 # The utilization sweep and simulator speeds under Verilator -> docs/performance.md and
-# docs/utilization.png (about 15 minutes on 2 cores).
+# docs/utilization.png (about 7 minutes on 2 cores).
 bench: venv
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	$(PY) -m sim.perf_bench

@@ -267,6 +267,8 @@ class DMA(wiring.Component):
         # The row to load: the buffered one, else the one offered; at the address of the row
         # the writer is at (in ROW) or of the next one (at the end of a row, in DATA).
         load_addr = Signal(32)
+        w_next_row = Signal(32)
+        m.d.comb += w_next_row.eq(w_row_addr + w_stride)
         load_row = Signal(8 * self.write_row_bytes)
         m.d.comb += load_row.eq(Mux(next_valid, next_row, self.write_row.payload))
         w_aligned, w_offset, w_beats = self._row_geometry(m, load_addr, w_row_bytes, "wr")
@@ -296,7 +298,7 @@ class DMA(wiring.Component):
             bus.wlast.eq(w_burst_beat == w_burst_len - 1),
         ]
 
-        def load(m):
+        def load():
             # Start writing load_row, at load_addr: it is shifted onto the bus beats.
             m.d.sync += [
                 w_data.eq(load_row << (w_offset * 8)),
@@ -321,7 +323,7 @@ class DMA(wiring.Component):
             with m.State("ROW"):
                 m.d.comb += [self.write_row.ready.eq(~next_valid), load_addr.eq(w_row_addr)]
                 with m.If(next_valid | self.write_row.valid):
-                    load(m)
+                    load()
             with m.State("ADDRESS"):
                 m.d.comb += [bus.awvalid.eq(1), self.write_row.ready.eq(~next_valid)]
                 m.d.sync += w_burst_len.eq(w_len)
@@ -334,7 +336,7 @@ class DMA(wiring.Component):
                     m.next = "DATA"
             with m.State("DATA"):
                 m.d.comb += [bus.wvalid.eq(1), self.write_row.ready.eq(~next_valid),
-                             load_addr.eq(w_row_addr + w_stride)]
+                             load_addr.eq(w_next_row)]
                 with m.If(bus.wready):
                     m.d.sync += [
                         w_beat.eq(w_beat + 1),
@@ -348,10 +350,10 @@ class DMA(wiring.Component):
                         with m.Else():
                             m.d.sync += [
                                 w_rows_left.eq(w_rows_left - 1),
-                                w_row_addr.eq(w_row_addr + w_stride),
+                                w_row_addr.eq(w_next_row),
                             ]
                             with m.If(next_valid):
-                                load(m)
+                                load()
                             with m.Else():
                                 m.next = "ROW"
             with m.State("RESPONSES"):

@@ -37,7 +37,8 @@ TIMESCALE = ("1ns", "1ps")
 VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "--x-assign", "fast",
                   "--x-initial", "fast"]
 #: Only the top level is public (sim/public.vlt), unless NPU_PUBLIC=1: every signal public,
-#: as cocotb's runner makes it, 2-6 times slower to simulate and twice as slow to build.
+#: as cocotb's runner makes it (measured on 8x8: a 256^3 GEMM 28% slower end to end, the
+#: build 83 s instead of 50 s).
 PUBLIC_ALL = os.environ.get("NPU_PUBLIC") == "1"
 VERILATOR_VISIBILITY = [] if PUBLIC_ALL else ["--no-public-flat-rw",
                                              str(Path(__file__).with_name("public.vlt"))]

@@ -239,8 +239,8 @@ def _plan_for(config, m, k, n, schedule, block_rows):
         dram_bytes_written=4 * m * n, instructions=instructions)
 
 
-def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, group_tiles,
-                  a_stride=None, b_stride=None):
+def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, a_stride, b_stride,
+                  block_rows, group_tiles):
     """Emit the "overlap" schedule: ping-pong buffers, so that the units run side by side.
 
     The work is cut into units of ``block_rows`` rows of A by ``group_tiles`` n-tiles; a unit
@@ -254,15 +254,14 @@ def _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, block_rows, gro
             [after every weight tile but the first (after the first if the group has
              one): a piece of the k-slice of step s + 1 -> the other activation buffer]
             PRELOAD   the weight buffer         (shifts in while the array computes)
-            [a STORE of the unit before, spread out so that one ends before the next]
+            [STOREs of earlier units: one when the writer should be free, and any
+             whose accumulator rows this MATMUL writes again]
             MATMUL    activation buffer -> accumulator rows of (unit half, j)
 
     The hardware checks every dependency (docs/architecture.md), so this order only decides
     how much overlaps, never what is computed.
     """
     rows, cols = config.rows, config.cols
-    a_stride = k if a_stride is None else a_stride
-    b_stride = n if b_stride is None else b_stride
     half = config.acc_depth // 2
     weight_base, activation_base = 0, 2 * rows
     k_tiles = _ceil_div(k, rows)
@@ -407,7 +406,7 @@ def scalesim_cycles(config, m, k, n):
 
 def _overlap_plan(config, m, k, n, block_rows, group_tiles):
     emit = _Emitter(config, dry=True)
-    _overlap_emit(emit, config, m, k, n, 0, 0, 0, block_rows, group_tiles)
+    _overlap_emit(emit, config, m, k, n, 0, 0, 0, k, n, block_rows, group_tiles)
     k_tiles, n_tiles = _ceil_div(k, config.rows), _ceil_div(n, config.cols)
     return GemmPlan(
         config=config.name, rows=config.rows, cols=config.cols, m=m, k=k, n=n,
@@ -604,8 +603,8 @@ def compile_gemm(config, m, k, n, *, a_addr, b_addr, c_addr, schedule="auto", a_
     c_stride = 4 * n
     emit = _Emitter(config)
     if plan.schedule == "overlap":
-        _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, plan.block_rows,
-                      plan.group_tiles, a_stride, b_stride)
+        _overlap_emit(emit, config, m, k, n, a_addr, b_addr, c_addr, a_stride, b_stride,
+                      plan.block_rows, plan.group_tiles)
         counted = replace(plan, instructions=len(emit.words))
         if counted != plan:
             raise RuntimeError(f"compiler bug: the emitted program does not match its plan:\n"

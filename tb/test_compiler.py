@@ -263,6 +263,22 @@ def test_rejects_addresses_outside_32_bits():
     compile_gemm(config, 4, 4, 4, a_addr=0, b_addr=0x100, c_addr=(1 << 32) - 64)
 
 
+def test_padded_row_strides():
+    """Rows of A and B ``a_stride`` / ``b_stride`` bytes apart: every load uses them; a stride
+    shorter than the row is refused."""
+    config = NPUConfig.from_name("4x4")
+    program = compile_gemm(config, 6, 5, 7, a_addr=0x1000, b_addr=0x2000, c_addr=0x3000,
+                           a_stride=16, b_stride=32)
+    loads = [fields for opcode, fields in map(codec.decode, program.words)
+             if opcode is Opcode.LOAD_SPAD]
+    assert {f["dram_stride"] for f in loads if f["dram_addr"] < 0x2000} == {16}
+    assert {f["dram_stride"] for f in loads if 0x2000 <= f["dram_addr"] < 0x3000} == {32}
+    with pytest.raises(PlanError, match="a_stride must be at least k"):
+        compile_gemm(config, 6, 5, 7, a_addr=0x1000, b_addr=0x2000, c_addr=0x3000, a_stride=4)
+    with pytest.raises(PlanError, match="b_stride at least n"):
+        compile_gemm(config, 6, 5, 7, a_addr=0x1000, b_addr=0x2000, c_addr=0x3000, b_stride=6)
+
+
 # Strided runs (the quantized layers' DMA instructions) ----------------------------------------
 
 @pytest.mark.parametrize("runs, merged", [

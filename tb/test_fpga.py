@@ -56,6 +56,40 @@ def test_harness_keeps_every_port(report_2x2):
     assert "MULT18X18D" in verilog
 
 
+def _play(m, layout, words, done):
+    """A ROM of ``words`` (of ``layout``) read one per cycle; ``done`` rises after the last.
+    Returns the current word as a view."""
+    m.submodules.rom = rom = Memory(shape=layout.as_shape().width, depth=len(words),
+                                    init=words)
+    read = rom.read_port(domain="comb")
+    cycle = Signal(range(len(words) + 1))
+    m.d.comb += read.addr.eq(cycle)
+    with m.If(cycle < len(words) - 1):
+        m.d.sync += cycle.eq(cycle + 1)
+    with m.Else():
+        m.d.sync += done.eq(1)
+    return data.View(layout, read.data)
+
+
+def _run_pair(pair, tmp_path):
+    """Convert ``pair`` for ECP5 and run it under Icarus with the DSP model and
+    :data:`_BENCH`; returns the Verilog and the finished ``vvp`` process."""
+    text = verilog.convert(pair, name="pair", platform=ECP5Target(),
+                           ports={"mismatch": (pair.mismatch, PortDirection.Output),
+                                  "results": (pair.results, PortDirection.Output),
+                                  "done": (pair.done, PortDirection.Output)},
+                           emit_src=False)
+    (tmp_path / "pair.v").write_text(text)
+    (tmp_path / "bench.v").write_text(_BENCH)
+    compiled = subprocess.run(["iverilog", "-g2012", "-s", "bench", "-o", "bench.vvp",
+                               "bench.v", "pair.v", str(MODELS / "MULT18X18D.v")],
+                              cwd=tmp_path, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    ran = subprocess.run(["vvp", "-n", "bench.vvp"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    return text, ran
+
+
 class _PlainAndFPGAArrays(Elaboratable):
     """The plain array and the FPGA form side by side, driven from one stimulus ROM (one
     word per cycle: act valid, commit, lanes, weight valid, weights); ``mismatch`` latches
@@ -77,16 +111,7 @@ class _PlainAndFPGAArrays(Elaboratable):
         words = [layout.const({"act_valid": act_valid, "commit": commit, "lanes": lanes,
                                "weight_valid": weight_valid, "weights": weights}).as_value().value
                  for act_valid, commit, lanes, weight_valid, weights in self.schedule]
-        m.submodules.rom = rom = Memory(shape=layout.as_shape().width, depth=len(words),
-                                        init=words)
-        read = rom.read_port(domain="comb")
-        cycle = Signal(range(len(words) + 1))
-        word = data.View(layout, read.data)
-        m.d.comb += read.addr.eq(cycle)
-        with m.If(cycle < len(words) - 1):
-            m.d.sync += cycle.eq(cycle + 1)
-        with m.Else():
-            m.d.sync += self.done.eq(1)
+        word = _play(m, layout, words, self.done)
         for array in (plain, fpga):
             m.d.comb += [
                 array.act.valid.eq(word.act_valid),
@@ -141,20 +166,8 @@ def test_mult18x18d_form_matches_plain_array(rows, cols, seed, tmp_path):
                          weight_valid, [int(v) for v in rng.integers(-128, 128, cols)]))
     schedule += [(0, 0, [0] * rows, 0, [0] * cols)] * (rows + cols + 2)
     pair = _PlainAndFPGAArrays(rows, cols, schedule)
-    text = verilog.convert(pair, name="pair", platform=ECP5Target(),
-                           ports={"mismatch": (pair.mismatch, PortDirection.Output),
-                                  "results": (pair.results, PortDirection.Output),
-                                  "done": (pair.done, PortDirection.Output)},
-                           emit_src=False)
+    text, ran = _run_pair(pair, tmp_path)
     assert text.count("MULT18X18D #") == rows * cols
-    (tmp_path / "pair.v").write_text(text)
-    (tmp_path / "bench.v").write_text(_BENCH)
-    compiled = subprocess.run(["iverilog", "-g2012", "-s", "bench", "-o", "bench.vvp",
-                               "bench.v", "pair.v", str(MODELS / "MULT18X18D.v")],
-                              cwd=tmp_path, capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stderr
-    ran = subprocess.run(["vvp", "-n", "bench.vvp"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)
     rows_in = sum(entry[0] for entry in schedule)
     assert f"MISMATCH=0 RESULTS={rows_in}" in ran.stdout, (ran.stdout, ran.stderr, seed)
 
@@ -178,22 +191,14 @@ class _PlainAndFPGARequantizers(Elaboratable):
         layout = data.StructLayout({"valid": 1, "acc": data.ArrayLayout(signed(32), cols)})
         words = [layout.const({"valid": valid, "acc": acc}).as_value().value
                  for valid, acc in self.schedule]
-        m.submodules.rom = rom = Memory(shape=layout.as_shape().width, depth=len(words),
-                                        init=words)
-        read = rom.read_port(domain="comb")
-        cycle = Signal(range(len(words) + 1))
-        word = data.View(layout, read.data)
-        m.d.comb += read.addr.eq(cycle)
-        with m.If(cycle < len(words) - 1):
-            m.d.sync += cycle.eq(cycle + 1)
-        with m.Else():
-            m.d.sync += self.done.eq(1)
+        word = _play(m, layout, words, self.done)
         for requantizer in (plain, fpga):
             m.d.comb += [requantizer.valid.eq(word.valid), requantizer.acc.eq(word.acc)]
             for name, value in self.parameters.items():
                 port = getattr(requantizer, name)
                 if isinstance(value, list):
-                    m.d.comb += [port[lane].eq(lane_value) for lane, lane_value in enumerate(value)]
+                    m.d.comb += [port[lane].eq(lane_value)
+                                 for lane, lane_value in enumerate(value)]
                 else:
                     m.d.comb += port.eq(value)
         with m.If((plain.result_valid != fpga.result_valid)
@@ -228,19 +233,7 @@ def test_mult18x18d_form_of_the_requantizer_matches_plain(seed, tmp_path):
         schedule.append((int(rng.random() < 0.7), [int(v) for v in acc]))
     schedule += [(0, [0] * cols)] * (Requantizer.latency + 2)
     pair = _PlainAndFPGARequantizers(parameters, schedule)
-    text = verilog.convert(pair, name="pair", platform=ECP5Target(),
-                           ports={"mismatch": (pair.mismatch, PortDirection.Output),
-                                  "results": (pair.results, PortDirection.Output),
-                                  "done": (pair.done, PortDirection.Output)},
-                           emit_src=False)
+    text, ran = _run_pair(pair, tmp_path)
     assert text.count("MULT18X18D #") == 4 * cols
-    (tmp_path / "pair.v").write_text(text)
-    (tmp_path / "bench.v").write_text(_BENCH)
-    compiled = subprocess.run(["iverilog", "-g2012", "-s", "bench", "-o", "bench.vvp",
-                               "bench.v", "pair.v", str(MODELS / "MULT18X18D.v")],
-                              cwd=tmp_path, capture_output=True, text=True)
-    assert compiled.returncode == 0, compiled.stderr
-    ran = subprocess.run(["vvp", "-n", "bench.vvp"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300)
     rows_in = sum(valid for valid, _ in schedule)
     assert f"MISMATCH=0 RESULTS={rows_in}" in ran.stdout, (ran.stdout, ran.stderr, seed)
