@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,9 +130,12 @@ def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_
             "rows": config.rows, "cols": config.cols, "spad_depth": config.spad_depth,
             "acc_depth": config.acc_depth, "bus_width": config.bus_width,
         }),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
-                                                    os.environ.get("PYTHONPATH")])),
     }
+    # The runner gives the simulator's Python this process's sys.path as PYTHONPATH (it
+    # overwrites any PYTHONPATH in extra_env), so the project root must be on it for the
+    # bench to import tb.* and sim.*: `.venv/bin/pytest` puts only tb/ there, not the root.
+    if str(PROJECT_ROOT) not in sys.path:
+        sys.path.append(str(PROJECT_ROOT))
     env.update(extra_env or {})
     runner = get_runner(sim)
     if test_dir is None:
