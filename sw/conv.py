@@ -30,6 +30,10 @@ activation rows of all output pixels ``ow`` are one ``LOAD_SPAD``: ``rows = OW``
 pixels are whole output rows where they fit; rows whose runs continue one another (a 1x1
 convolution with stride 1 and no padding is one contiguous GEMM) share one instruction. The
 schedule around those loads is :func:`sw.compiler.compile_quantized`'s.
+
+With ``lowering="kernel_rows"`` (:data:`LOWERINGS`) a kernel row ``kh`` is one reduction of
+``KW * C_in``: the same loads with ``kw = 0`` and ``row_bytes`` up to ``KW * C_in``, against
+the weight rows ``kh * KW * C_in ..``; it fills the array's rows when ``C_in`` is small.
 """
 
 from dataclasses import dataclass
@@ -41,7 +45,7 @@ from .compiler import RowGather, _as_int, _compile_quantized, merge_runs, plan_q
 from .errors import NPUTypeError, NPUValueError
 
 
-__all__ = ["Conv2dGeometry", "plan_conv2d", "compile_conv2d", "reference_conv2d",
+__all__ = ["Conv2dGeometry", "LOWERINGS", "plan_conv2d", "compile_conv2d", "reference_conv2d",
            "padded_input", "prepare_conv2d", "conv2d", "conv2d_batch"]
 
 
@@ -175,15 +179,44 @@ class Conv2dGeometry:
         return self.k * self.out_channels
 
 
-class _ConvGather(RowGather):
-    """Output pixel ``p = (b * OH + oh) * OW + ow`` of a convolution, and its taps."""
+#: How a convolution becomes GEMMs on the array. ``"taps"``: one ``C_in x C_out`` weight
+#: matrix per kernel tap, ``KH * KW`` GEMMs accumulated on chip. ``"kernel_rows"``: one
+#: ``KW * C_in x C_out`` matrix per kernel *row*. In NHWC the ``KW`` neighbouring pixels of a
+#: kernel row lie next to each other, so the ``KW * C_in`` bytes from pixel
+#: ``(oh * stride + kh, ow * stride)`` on are the activation row of the whole kernel row
+#: ``kh``, and HWIO weight rows ``kh * KW * C_in ..`` are its matrix (the same bytes as the
+#: per-tap layout). Each reduction is ``KW`` times longer, which fills the array's R rows when
+#: ``C_in < R``: a 1-channel 3x3 convolution on 8 rows takes 3 weight tiles of 3 rows instead
+#: of 9 of 1. It needs the input's pixels packed (``in_pixel_stride == in_channels``).
+LOWERINGS = ("taps", "kernel_rows")
 
-    def __init__(self, geometry):
+
+def _check_lowering(lowering, geometry):
+    if lowering not in LOWERINGS:
+        raise NPUValueError(f"lowering must be one of {LOWERINGS}, not {lowering!r}")
+    if lowering == "kernel_rows" and geometry.in_pixel_stride != geometry.in_channels:
+        raise NPUValueError(
+            f"the kernel_rows lowering reads a kernel row's {geometry.kernel_width} pixels as "
+            f"one row, so it needs packed input pixels: in_pixel_stride "
+            f"{geometry.in_pixel_stride} is not in_channels {geometry.in_channels}")
+    return lowering
+
+
+class _ConvGather(RowGather):
+    """Output pixel ``p = (b * OH + oh) * OW + ow`` of a convolution, and its taps: kernel
+    taps, or kernel rows (``lowering``, see :data:`LOWERINGS`)."""
+
+    def __init__(self, geometry, lowering="taps"):
         self.geometry = geometry
+        self.lowering = _check_lowering(lowering, geometry)
         self.m = geometry.m
         self.n = geometry.out_channels
-        self.taps = geometry.taps
-        self.k_tap = geometry.in_channels
+        if lowering == "taps":
+            self.taps = geometry.taps
+            self.k_tap = geometry.in_channels
+        else:
+            self.taps = geometry.kernel_height
+            self.k_tap = geometry.kernel_width * geometry.in_channels
         self.row_group = geometry.out_width
         self.activation_bytes = geometry.input_bytes
         self.output_bytes = geometry.output_bytes
@@ -202,7 +235,8 @@ class _ConvGather(RowGather):
 
     def activation_runs(self, tap, start, stop):
         g = self.geometry
-        kh, kw = divmod(tap, g.kernel_width)
+        # A kernel row starts at its first pixel (kw = 0) and spans k_tap bytes from there.
+        kh, kw = divmod(tap, g.kernel_width) if self.lowering == "taps" else (tap, 0)
         step = g.stride * g.in_pixel_stride
         return merge_runs(
             (offset, count, ((b * g.padded_height + oh * g.stride + kh) * g.padded_width
@@ -224,14 +258,16 @@ def _check_geometry(geometry):
     return geometry
 
 
-def plan_conv2d(config, geometry, *, schedule="auto"):
-    """The :class:`sw.compiler.QuantPlan` of a convolution: ``m`` output pixels, ``taps``
-    kernel taps of ``k_tap = in_channels``, ``n = out_channels``."""
-    return plan_quantized(config, _ConvGather(_check_geometry(geometry)), schedule=schedule)
+def plan_conv2d(config, geometry, *, schedule="auto", lowering="taps"):
+    """The :class:`sw.compiler.QuantPlan` of a convolution: ``m`` output pixels,
+    ``n = out_channels``, and ``KH * KW`` taps of ``k_tap = in_channels`` (``lowering="taps"``)
+    or ``KH`` kernel rows of ``k_tap = KW * in_channels`` (``"kernel_rows"``)."""
+    return plan_quantized(config, _ConvGather(_check_geometry(geometry), lowering),
+                          schedule=schedule)
 
 
 def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y_addr,
-                   out_zero_point, act_min, act_max, schedule="auto"):
+                   out_zero_point, act_min, act_max, schedule="auto", lowering="taps"):
     """Compile one quantized convolution into a program.
 
     Parameters
@@ -253,6 +289,8 @@ def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y
         Output zero point and clamp.
     schedule : str
         One of :data:`sw.compiler.SCHEDULES`.
+    lowering : str
+        One of :data:`LOWERINGS`; the weights' layout (HWIO) is the same for both.
 
     Returns
     -------
@@ -261,7 +299,7 @@ def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y
         layers into one program, concatenate the ``body`` of each and append one ``END``.
     """
     return _compile_quantized(
-        config, _ConvGather(_check_geometry(geometry)),
+        config, _ConvGather(_check_geometry(geometry), lowering),
         dict(x_addr=x_addr, w_addr=w_addr, bias_addr=bias_addr, quant_addr=quant_addr,
              y_addr=y_addr), out_zero_point, act_min, act_max, schedule)
 
@@ -339,7 +377,8 @@ def reference_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_z
 
 
 def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=0,
-                   out_zero_point, act_min, act_max, config=None, schedule="auto"):
+                   out_zero_point, act_min, act_max, config=None, schedule="auto",
+                   lowering="taps"):
     """Check the operands, compile the convolution and build its DRAM image (see
     :func:`sw.driver.run_jobs`); the arguments are those of :func:`conv2d`.
 
@@ -355,7 +394,7 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
     g = geometry
     folded_bias = fold_zero_point(bias, w.astype(np.int64).sum(axis=(0, 1, 2)), in_zero_point,
                                   "bias - in_zero_point * w.sum(axis=(0, 1, 2))")
-    plan = plan_conv2d(config, geometry, schedule=schedule)
+    plan = plan_conv2d(config, geometry, schedule=schedule, lowering=lowering)
     layout = layout_regions(plan.instructions, [
         ("x", g.input_bytes), ("w", g.weight_bytes), ("bias", 4 * g.out_channels),
         ("quant", 8 * g.out_channels), ("y", g.output_bytes)],
@@ -364,7 +403,7 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
         config, geometry, x_addr=layout.addr("x"), w_addr=layout.addr("w"),
         bias_addr=layout.addr("bias"), quant_addr=layout.addr("quant"),
         y_addr=layout.addr("y"), out_zero_point=out_zero_point, act_min=act_min,
-        act_max=act_max, schedule=schedule)
+        act_max=act_max, schedule=schedule, lowering=lowering)
 
     dram = np.zeros(layout.size, dtype=np.uint8)
     dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \
@@ -384,7 +423,8 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
 
 
 def conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=0,
-           out_zero_point, act_min, act_max, config=None, sim="model", schedule="auto"):
+           out_zero_point, act_min, act_max, config=None, sim="model", schedule="auto",
+           lowering="taps"):
     """Run a quantized 2-D convolution (groups = 1) on the NPU.
 
     ``y = requantize(conv(x - in_zero_point, w) + bias)``, with the input padded by its zero
@@ -407,6 +447,9 @@ def conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=
         ``"model"`` (default), ``"verilator"`` or ``"icarus"``.
     schedule : str
         See :func:`sw.compiler.plan_quantized`.
+    lowering : str
+        ``"taps"`` (default) or ``"kernel_rows"``, see :data:`LOWERINGS`; the result is the
+        same, the cycles differ.
 
     Returns
     -------
@@ -417,10 +460,10 @@ def conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=
                               stride=stride, padding=padding, in_zero_point=in_zero_point,
                               out_zero_point=out_zero_point, act_min=act_min,
                               act_max=act_max)],
-                        config=config, sim=sim, schedule=schedule)[0]
+                        config=config, sim=sim, schedule=schedule, lowering=lowering)[0]
 
 
-def conv2d_batch(problems, config=None, sim="model", *, schedule="auto"):
+def conv2d_batch(problems, config=None, sim="model", *, schedule="auto", lowering="taps"):
     """Run several convolutions in one run of the backend (one simulation on the RTL).
 
     ``problems`` holds dicts of :func:`conv2d`'s operands by name (``x, w, bias, multiplier,
@@ -429,6 +472,6 @@ def conv2d_batch(problems, config=None, sim="model", *, schedule="auto"):
     """
     from .driver import check_config_and_sim, run_jobs
     config = check_config_and_sim(config, sim)
-    jobs = [prepare_conv2d(**problem, config=config, schedule=schedule)
+    jobs = [prepare_conv2d(**problem, config=config, schedule=schedule, lowering=lowering)
             for problem in problems]
     return run_jobs(jobs, config, sim)

@@ -8,8 +8,8 @@ from hw.isa import Opcode
 from quant_cases import random_conv_problem, random_int8, random_requantization
 from sw import codec
 from sw.compiler import SCHEDULES
-from sw.conv import (Conv2dGeometry, compile_conv2d, conv2d, conv2d_batch, padded_input,
-                     plan_conv2d, reference_conv2d)
+from sw.conv import (LOWERINGS, Conv2dGeometry, compile_conv2d, conv2d, conv2d_batch,
+                     padded_input, plan_conv2d, reference_conv2d)
 from sw.driver import POISON, QuantResult, fold_zero_point, qgemm
 from sw.errors import NPUTypeError, NPUValueError, PlanError
 from sw.model import ModelNPU
@@ -53,8 +53,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("lowering", LOWERINGS)
 @pytest.mark.parametrize("case", CASES, ids=lambda case: "-".join(map(str, case)))
-def test_shapes_bit_exact(case):
+def test_shapes_bit_exact(case, lowering):
     config_name, batch, height, width, in_channels, out_channels, kernel, stride, padding = \
         case
     seed = SEED + CASES.index(case)
@@ -63,8 +64,13 @@ def test_shapes_bit_exact(case):
     problem = random_conv_problem(rng, batch, height, width, in_channels, out_channels, kernel,
                                   stride, padding)
     before = {name: np.copy(value) for name, value in problem.items()}
-    result = check(problem, NPUConfig.from_name(config_name))
+    result = check(problem, NPUConfig.from_name(config_name), lowering=lowering)
     assert result.y.size < 20 or len(np.unique(result.y)) > 8
+    kernel_height, kernel_width = problem["w"].shape[:2]
+    # One GEMM per kernel tap, or per kernel row of KW * C_in.
+    assert (result.plan.taps, result.plan.k_tap) == (
+        (kernel_height * kernel_width, in_channels) if lowering == "taps" else
+        (kernel_height, kernel_width * in_channels))
     for name, value in problem.items():
         assert np.array_equal(value, before[name]), name
 
@@ -446,6 +452,41 @@ def test_rejects_folded_bias_outside_int32():
                    bias=np.array([-(1 << 31) + 5, 0], np.int32))
     with pytest.raises(NPUValueError, match="does not fit INT32: channel 0"):
         conv2d(**problem)
+
+
+def test_kernel_rows_lowering():
+    # The same convolution and weights, 3 GEMMs of K = 3 * 2 instead of 9 of K = 2: on 8 rows
+    # the weight tiles are 6/8 full instead of 2/8, and the program is shorter.
+    seed = SEED + 900
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    config = NPUConfig.from_name("8x8")
+    problem = random_conv_problem(rng, 2, 9, 7, 2, 8, 3, 2, (1, 0, 2, 1))
+    taps = check(problem, config)
+    rows = check(problem, config, lowering="kernel_rows")
+    assert np.array_equal(taps.y, rows.y)
+    assert (taps.plan.weight_tiles, taps.plan.tile_fill) == (9, 2 / 8)
+    assert (rows.plan.weight_tiles, rows.plan.tile_fill) == (3, 6 / 8)
+    assert rows.instructions < taps.instructions
+
+
+@pytest.mark.parametrize("lowering, geometry, match", [
+    ("rows", {}, r"lowering must be one of \('taps', 'kernel_rows'\), not 'rows'"),
+    ("kernel_rows", dict(in_pixel_stride=4), "needs packed input pixels: in_pixel_stride 4 "
+                                             "is not in_channels 3"),
+])
+def test_rejects_bad_lowering(lowering, geometry, match):
+    config = NPUConfig.from_name("4x4")
+    geometry = Conv2dGeometry(1, 4, 4, 3, 2, 3, 3, padding=1, **geometry)
+    with pytest.raises(NPUValueError, match=match):
+        plan_conv2d(config, geometry, lowering=lowering)
+    with pytest.raises(NPUValueError, match=match):
+        compile_conv2d(config, geometry, x_addr=0, w_addr=0, bias_addr=0, quant_addr=0,
+                       y_addr=0, out_zero_point=0, act_min=-128, act_max=127,
+                       lowering=lowering)
+    if lowering == "rows":           # conv2d's input is always packed
+        with pytest.raises(NPUValueError, match=match):
+            conv2d(**good_problem(), lowering=lowering)
 
 
 def test_rejects_bad_compile_arguments():

@@ -12,7 +12,6 @@ import pytest
 
 from hw.config import MAX_K, NPUConfig
 from sw import backend, codec
-from sw.compiler import plan_quantized
 from sw.conv import Conv2dGeometry, plan_conv2d
 from sw.errors import NPUTypeError, NPUValueError
 from sw.nn.demo import DemoMismatch, run_demo
@@ -22,7 +21,7 @@ from sw.nn.memory import BufferPlan, TensorLife, overlaps, plan_buffers
 from sw.nn.passes import (flatten_as_view, fold_batchnorm, fuse_activations,
                           hwc_order_of_chw, prepare)
 from sw.nn.placement import place
-from sw.nn.program import (LOWERINGS, KernelRowGather, activation_buffers,
+from sw.nn.program import (LOWERINGS, activation_buffers,
                            build_fused_program, build_layer_program, npu_chain,
                            program_traffic)
 from sw.nn.quantize import QParams, quantize_network, quantize_weights, unfuse_relu
@@ -544,9 +543,13 @@ def test_kernel_row_lowering_uses_fewer_weight_tiles(trained):
     config = NPUConfig()
     conv1 = qnet["conv1"]
     buffers = activation_buffers((conv1, qnet["conv2"]), 4)
-    rows = plan_quantized(config, KernelRowGather(buffers["input"], buffers["conv1"],
-                                                  conv1.kernel, conv1.stride))
-    taps = plan_conv2d(config, Conv2dGeometry(4, 8, 8, 1, 8, 3, 3, padding=1, out_padding=1))
+    # conv1 of the digits network on a batch of 4: 8x8x1 in, 3x3 kernel, 8 channels out,
+    # into conv2's buffer with its border of 1.
+    assert (conv1.kernel, conv1.padding, conv1.stride, conv1.n) == ((3, 3), 1, 1, 8)
+    assert (buffers["input"].padding, buffers["conv1"].padding) == (1, 1)
+    geometry = Conv2dGeometry(4, 8, 8, 1, 8, 3, 3, padding=1, out_padding=1)
+    rows = plan_conv2d(config, geometry, lowering="kernel_rows")
+    taps = plan_conv2d(config, geometry)
     assert (taps.weight_tiles, taps.tile_fill) == (9, 1 / 8)
     assert (rows.weight_tiles, rows.tile_fill) == (3, 3 / 8)
     assert rows.instructions < taps.instructions

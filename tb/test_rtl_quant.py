@@ -49,17 +49,20 @@ CONVS = [
 ]
 
 
-@pytest.mark.parametrize("sim", SIMULATORS)
-def test_conv2d(sim):
+@pytest.mark.parametrize("sim, lowering", [(sim, "taps") for sim in SIMULATORS] +
+                         [(sim, "kernel_rows") for sim in ["verilator"] +
+                          (["icarus"] if FULL else [])])
+def test_conv2d(sim, lowering):
     config = NPUConfig.from_name("4x4")
     seed = BASE_SEED + sum(map(ord, sim))
     rng = np.random.default_rng(seed)
     problems = [random_conv_problem(rng, *shape) for shape in CONVS]
-    results = conv2d_batch(problems, config=config, sim=sim)
+    results = conv2d_batch(problems, config=config, sim=sim, lowering=lowering)
     for shape, problem, result in zip(CONVS, problems, results):
         want = reference_conv2d(**problem)
         assert result.y.shape == want.shape
-        assert np.array_equal(result.y, want), f"conv {shape} under {sim}, seed {seed}"
+        assert np.array_equal(result.y, want), \
+            f"conv {shape} under {sim}, lowering {lowering}, seed {seed}"
 
 
 @pytest.mark.parametrize("sim", ["verilator"] + (["icarus"] if FULL else []))

@@ -4,8 +4,8 @@ The NPU operators of a network form a chain (convolutions and dense layers, with
 free flatten views between them). Each is compiled to a :class:`~sw.compiler.QuantProgram`:
 
 * a convolution by :func:`sw.conv.compile_conv2d` (lowering ``"taps"``: one weight matrix
-  per kernel tap) or through :class:`KernelRowGather` (lowering ``"kernel_rows"``: one per
-  kernel row). It reads a pre-padded NHWC buffer whose border holds its input zero point
+  per kernel tap, or ``"kernel_rows"``: one per kernel row; :data:`sw.conv.LOWERINGS`). It
+  reads a pre-padded NHWC buffer whose border holds its input zero point
   (real 0), and writes its requantized INT8 output (``STORE_Q``) into the interior of its
   consumer's buffer: padded when the consumer is a padded convolution, plain NHWC otherwise;
 * a dense layer by :func:`sw.compiler.compile_qgemm`, reading that plain NHWC buffer as a
@@ -35,16 +35,15 @@ import numpy as np
 
 from hw.isa import INSTR_BYTES, Opcode
 from .. import codec
-from ..compiler import (RowGather, compile_qgemm, compile_quantized, merge_runs, plan_qgemm,
-                        plan_quantized)
-from ..conv import Conv2dGeometry, compile_conv2d, plan_conv2d
+from ..compiler import compile_qgemm, plan_qgemm
+from ..conv import LOWERINGS, Conv2dGeometry, compile_conv2d, plan_conv2d
 from ..driver import DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN
 from ..errors import NPUValueError
 from .memory import TensorLife, plan_buffers
 from .quantize import NPU_KINDS
 
 
-__all__ = ["ActivationBuffer", "KernelRowGather", "LOWERINGS", "NpuChain", "npu_chain",
+__all__ = ["ActivationBuffer", "LOWERINGS", "NpuChain", "npu_chain",
            "activation_buffers", "fused_lifetimes", "NetworkImage", "build_fused_program",
            "build_layer_program", "program_traffic"]
 
@@ -102,11 +101,6 @@ class ActivationBuffer:
         border (the network input is host-written in any case)."""
         return self.padding > 0
 
-    def pixel_offset(self, image, row, column):
-        """Byte offset of interior pixel ``(row, column)`` of ``image``, channel 0."""
-        return ((image * self.padded_height + row + self.padding) * self.padded_width
-                + column + self.padding) * self.channels
-
     def image(self, interior=None):
         """The buffer's bytes (uint8): the border at the zero point, and ``interior`` (int8,
         ``batch x height x width x channels``) inside, or the zero point there too."""
@@ -136,65 +130,6 @@ class ActivationBuffer:
             self.batch, self.padded_height, self.padded_width, self.channels)
         p = self.padding
         return full[:, p:p + self.height, p:p + self.width].copy()
-
-
-class KernelRowGather(RowGather):
-    """A convolution lowered with one weight matrix per kernel *row* (the ``kernel_rows``
-    lowering), from a padded NHWC buffer into an NHWC (possibly padded) buffer.
-
-    :mod:`sw.conv` multiplies one ``C_in x C_out`` matrix per kernel tap. In NHWC the ``kw``
-    neighbouring pixels of a kernel row lie next to each other, so the ``kw * C_in`` bytes
-    from pixel ``(oy * stride + i, ox * stride)`` on are the activation row of the whole
-    kernel row ``i``, and HWIO weight rows ``i * kw * C_in ..`` are its matrix (the same
-    bytes as the per-tap layout). The reduction of one tap is then ``kw`` times longer,
-    which fills the array's R rows when ``C_in < R``: a 1-channel 3x3 convolution on 8 rows
-    needs 3 weight tiles of 3 rows instead of 9 of 1.
-
-    Output row ``p`` is output pixel ``(image, oy, ox)`` in NHWC order; addresses are
-    relative to the buffers' bases.
-    """
-
-    def __init__(self, source, target, kernel, stride):
-        kernel_h, kernel_w = kernel
-        out_h = (source.padded_height - kernel_h) // stride + 1
-        out_w = (source.padded_width - kernel_w) // stride + 1
-        if (target.batch, target.height, target.width) != (source.batch, out_h, out_w):
-            raise NPUValueError(f"output buffer {target.name} is {target.batch}x"
-                                f"{target.height}x{target.width}, but the convolution "
-                                f"makes {source.batch}x{out_h}x{out_w}")
-        self.source, self.target, self.stride = source, target, stride
-        self.out_h, self.out_w = out_h, out_w
-        self.m = source.batch * out_h * out_w
-        self.taps = kernel_h
-        self.k_tap = kernel_w * source.channels
-        self.n = target.channels
-        self.row_group = out_w
-        self.activation_bytes = source.bytes
-        self.output_bytes = target.bytes
-
-    def _segments(self, start, stop):
-        """``(offset, image, oy, ox0, count)``: runs of output pixels within image rows."""
-        pixel = start
-        while pixel < stop:
-            image, rest = divmod(pixel, self.out_h * self.out_w)
-            oy, ox = divmod(rest, self.out_w)
-            count = min(self.out_w - ox, stop - pixel)
-            yield pixel - start, image, oy, ox, count
-            pixel += count
-
-    def activation_runs(self, tap, start, stop):
-        source, stride = self.source, self.stride
-        # pixel_offset counts from the interior; the kernel reads padded coordinates.
-        return merge_runs(
-            (offset, count, source.pixel_offset(image, oy * stride + tap - source.padding,
-                                                ox * stride - source.padding),
-             stride * source.channels)
-            for offset, image, oy, ox, count in self._segments(start, stop))
-
-    def output_runs(self, start, stop):
-        target = self.target
-        return merge_runs((offset, count, target.pixel_offset(image, oy, ox), target.channels)
-                          for offset, image, oy, ox, count in self._segments(start, stop))
 
 
 @dataclass(frozen=True)
@@ -258,11 +193,6 @@ def activation_buffers(ops, batch):
     return buffers
 
 
-#: Convolution lowerings: "taps" is :mod:`sw.conv` (one weight matrix per kernel tap),
-#: "kernel_rows" is :class:`KernelRowGather` (one per kernel row).
-LOWERINGS = ("taps", "kernel_rows")
-
-
 def _conv_geometry(op, source, target):
     if source.padding != op.padding:
         raise NPUValueError(f"{op.name} pads by {op.padding}, but its input buffer "
@@ -281,9 +211,7 @@ def _check_lowering(lowering):
 def _plan_op(config, op, source, target, lowering):
     """The :class:`~sw.compiler.QuantPlan` of one operator (no addresses needed)."""
     if op.kind == "conv2d":
-        if lowering == "taps":
-            return plan_conv2d(config, _conv_geometry(op, source, target))
-        return plan_quantized(config, KernelRowGather(source, target, op.kernel, op.stride))
+        return plan_conv2d(config, _conv_geometry(op, source, target), lowering=lowering)
     _check_dense_buffers(op, source, target)
     return plan_qgemm(config, source.batch, op.k, op.n)
 
@@ -299,11 +227,9 @@ def _compile_op(config, op, source, target, addresses, act_min, act_max, lowerin
                   y_addr=addresses["y"], out_zero_point=op.output.zero_point,
                   act_min=act_min, act_max=act_max)
     if op.kind == "conv2d":
-        if lowering == "taps":
-            return compile_conv2d(config, _conv_geometry(op, source, target),
-                                  x_addr=addresses["x"], w_addr=addresses["w"], **common)
-        return compile_quantized(config, KernelRowGather(source, target, op.kernel, op.stride),
-                                 a_addr=addresses["x"], b_addr=addresses["w"], **common)
+        return compile_conv2d(config, _conv_geometry(op, source, target),
+                              x_addr=addresses["x"], w_addr=addresses["w"],
+                              lowering=lowering, **common)
     _check_dense_buffers(op, source, target)
     return compile_qgemm(config, source.batch, op.k, op.n, a_addr=addresses["x"],
                          b_addr=addresses["w"], **common)
