@@ -246,11 +246,14 @@ _STATIC = """\
   same timing needs the bounds before the instruction reaches the queue's head (a second
   queue of bounds computed in the cycle after each instruction is written, the DSP's input
   registers taking the word as it is written; the head takes its bounds from that queue, or
-  from the DSP when it was written in the cycle before). nextpnr reports only the worst
-  path; from the code, the next limits are the block RAMs: a DP16KD without its output
-  register takes 5.8 ns from clock to data, so the accumulator's read-modify-write (read,
-  32-bit add, write back), the activations from the scratchpad and the requantizer's first
-  stage cannot go much beyond 80 to 100 MHz. The DP16KD output register would lift that,
+  from the DSP when it was written in the cycle before). How much that would give was
+  measured on 2026-12-02 with an experiment that is not in the tree (the decode stage's
+  product and base simply registered, which is functionally wrong but has the netlist's
+  shape): the whole 8x8 NPU went from 44.6 to 50.8 MHz, and the worst path became the next
+  limit, the block RAMs: a DP16KD without its output register takes 5.8 ns from clock to
+  data, and the accumulator's read-modify-write (read, 32-bit add, write back) took 19.7
+  ns in all. The activations from the scratchpad and the requantizer's first stage start
+  at a block RAM too. The DP16KD output register would lift that,
   but it makes every scratchpad and accumulator read a cycle longer, which changes the
   timing of plain programs (MATMUL, PRELOAD, STORE); so would the DMA's row shifters spread
   over two or three cycles. 150 MHz needs those changes in the design's own timing
@@ -306,7 +309,9 @@ _STATIC = """\
 the same flow. Where the PEs and the requantizer's products need more MULT18X18D than the
 device has, the first PEs keep a DSP and the rest are LUT multipliers (above); `report.json`
 says how many (`dsp_pes`). A config whose logic does not fit the device stops in nextpnr with
-its utilization in `pnr.log`.
+its utilization in `pnr.log`: the 4x4 NPU does not fit the 25F (35 MULT18X18D wanted, 28
+there; with the rest on LUTs it needs 106% of the 25F's 24,288 LUT4 before packing, measured
+2026-12-02), so the 25F's row is the 2x2 NPU.
 
 ## A board: ULX3S
 
@@ -314,18 +319,19 @@ its utilization in `pnr.log`.
 CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's own Trellis
 build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and `npu.tim`, the
 nextpnr log with its timing). It is the same harnessed NPU with the same MULT18X18D PEs, on
-the board's pins: an EHXPLLL makes a 20 MHz clock from the 25 MHz oscillator (the older tree's whole 8x8
-NPU did not reach 25 MHz) and holds the design in reset until it locks, `switch 0` is
-`scan_in`, `switch 1` is `scan_capture` and `led 0` is `scan_out`. It proves that the whole
-NPU builds, fits and packs
-for a real part and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no
-DRAM behind its AXI ports.
+the board's pins: an EHXPLLL makes a 20 MHz clock from the 25 MHz oscillator (well below
+the Fmax the board's own place and route reports, at the end of this page) and holds the
+design in reset until it locks, `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
+`led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs for a real part
+and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no DRAM behind
+its AXI ports.
 
 ## Reproduce
 
 ```sh
 make fpga CONFIG=8x8 DEVICE=LFE5U-85F       # one config: build/fpga/8x8_LFE5U-85F_dsp/report.json
-make fpga CONFIG=4x4 DEVICE=LFE5U-25F       # the 25F and 45F work the same way
+make fpga CONFIG=4x4 DEVICE=LFE5U-45F       # the 45F and 25F work the same way
+make fpga CONFIG=2x2 DEVICE=LFE5U-25F       # (the 4x4 NPU does not fit the 25F)
 make fpga-report                            # this page (FPGA_CONFIGS=4x4,8x8,12x12)
 .venv/bin/python -m fpga run --config 8x8 --top array        # the array alone
 .venv/bin/python -m fpga run --config 8x8 --mac plain        # the plain PE
