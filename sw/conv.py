@@ -45,8 +45,8 @@ from .compiler import RowGather, _as_int, _compile_quantized, merge_runs, plan_q
 from .errors import NPUTypeError, NPUValueError
 
 
-__all__ = ["Conv2dGeometry", "LOWERINGS", "plan_conv2d", "compile_conv2d", "reference_conv2d",
-           "padded_input", "prepare_conv2d", "conv2d", "conv2d_batch"]
+__all__ = ["Conv2dGeometry", "LOWERINGS", "check_lowering", "plan_conv2d", "compile_conv2d",
+           "reference_conv2d", "padded_input", "prepare_conv2d", "conv2d", "conv2d_batch"]
 
 
 def _padding(name, value):
@@ -191,9 +191,15 @@ class Conv2dGeometry:
 LOWERINGS = ("taps", "kernel_rows")
 
 
-def _check_lowering(lowering, geometry):
+def check_lowering(lowering):
+    """Raise :class:`~sw.errors.NPUValueError` unless ``lowering`` is one of
+    :data:`LOWERINGS`."""
     if lowering not in LOWERINGS:
         raise NPUValueError(f"lowering must be one of {LOWERINGS}, not {lowering!r}")
+
+
+def _check_lowering(lowering, geometry):
+    check_lowering(lowering)
     if lowering == "kernel_rows" and geometry.in_pixel_stride != geometry.in_channels:
         raise NPUValueError(
             f"the kernel_rows lowering reads a kernel row's {geometry.kernel_width} pixels as "

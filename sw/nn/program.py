@@ -36,7 +36,7 @@ import numpy as np
 from hw.isa import INSTR_BYTES, Opcode
 from .. import codec
 from ..compiler import compile_qgemm, plan_qgemm
-from ..conv import LOWERINGS, Conv2dGeometry, compile_conv2d, plan_conv2d
+from ..conv import LOWERINGS, Conv2dGeometry, check_lowering, compile_conv2d, plan_conv2d
 from ..driver import DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN
 from ..errors import NPUValueError
 from .memory import TensorLife, plan_buffers
@@ -203,11 +203,6 @@ def _conv_geometry(op, source, target):
                           stride=op.stride, padding=op.padding, out_padding=target.padding)
 
 
-def _check_lowering(lowering):
-    if lowering not in LOWERINGS:
-        raise NPUValueError(f"lowering must be one of {LOWERINGS}, not {lowering!r}")
-
-
 def _plan_op(config, op, source, target, lowering):
     """The :class:`~sw.compiler.QuantPlan` of one operator (no addresses needed)."""
     if op.kind == "conv2d":
@@ -311,7 +306,7 @@ class NetworkImage:
 def _image(config, ops, buffers, arena_offsets, arena_bytes, input_q, act_overrides,
            lowering, buffer_plan=None):
     """Lay out program, constants and arena; compile; fill the DRAM image."""
-    _check_lowering(lowering)
+    check_lowering(lowering)
     sources = ["input"] + [op.name for op in ops[:-1]]
     instructions = 1 + sum(
         _plan_op(config, op, buffers[source], buffers[op.name], lowering).instructions - 1
