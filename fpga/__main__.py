@@ -40,8 +40,8 @@ def main(argv=None):
     one.add_argument("--json", action="store_true", help="print report.json")
 
     many = commands.add_parser("report", help="run several configs and write docs/fpga.md")
-    many.add_argument("--configs", default="4x4,8x8,12x12",
-                      help="comma-separated configs of the whole NPU (default 4x4,8x8,12x12)")
+    many.add_argument("--configs", default="4x4,8x8,10x10",
+                      help="comma-separated configs of the whole NPU (default 4x4,8x8,10x10)")
     many.add_argument("--array-configs", default="4x4,8x8,12x12,16x16",
                       help="comma-separated configs of the array alone (default "
                            "4x4,8x8,12x12,16x16)")

@@ -303,6 +303,17 @@ _STATIC = """\
   maps them to DP16KD block RAM (the DP16KD column), nothing to distributed RAM beyond the
   small FIFOs.
 
+## The largest NPU on the 85F
+
+`make fpga-report` builds the 10 x 10 NPU as its largest: the largest whose multipliers
+all go on MULT18X18D (100 PEs, the requantizer's four a lane, 40, and the controller's
+three: 143 of the 85F's 156). The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C,
+87% of the 85F's logic before packing; 144 PEs on DSPs, the requantizer on LUT
+multipliers), but on 2026-12-02 nextpnr's router2 had not converged after 2 h 10 min (19
+iterations, 10,810 wires still overused and rising) and was stopped; `make fpga
+CONFIG=12x12` tries it again. Between the two, 11 x 11 needs 168 multipliers, so part of
+it is on LUTs as well.
+
 ## Smaller devices
 
 `make fpga DEVICE=LFE5U-25F` (28 MULT18X18D, 56 DP16KD) and `DEVICE=LFE5U-45F` (72, 108) run
@@ -332,7 +343,7 @@ its AXI ports.
 make fpga CONFIG=8x8 DEVICE=LFE5U-85F       # one config: build/fpga/8x8_LFE5U-85F_dsp/report.json
 make fpga CONFIG=4x4 DEVICE=LFE5U-45F       # the 45F and 25F work the same way
 make fpga CONFIG=2x2 DEVICE=LFE5U-25F       # (the 4x4 NPU does not fit the 25F)
-make fpga-report                            # this page (FPGA_CONFIGS=4x4,8x8,12x12)
+make fpga-report                            # this page (FPGA_CONFIGS=4x4,8x8,10x10)
 .venv/bin/python -m fpga run --config 8x8 --top array        # the array alone
 .venv/bin/python -m fpga run --config 8x8 --mac plain        # the plain PE
 make fpga-board BOARD=ulx3s-85f CONFIG=8x8  # a ULX3S bitstream (amaranth-boards)
