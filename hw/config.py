@@ -8,12 +8,24 @@ import re
 from dataclasses import dataclass, field
 
 
-__all__ = ["NPUConfig", "MAX_K"]
+__all__ = ["NPUConfig", "MAX_K", "FETCH_BURST", "FETCH_DEPTH", "FETCH_HIGH_WATER",
+           "FETCH_LOW_WATER"]
 
 
 #: Largest reduction length for which an INT32 sum of INT8 x INT8 products cannot overflow:
 #: 131071 * (-128 * -128) = 2_147_467_264 <= 2**31 - 1, while 131072 * 16384 = 2**31.
 MAX_K = 131_071
+
+# The instruction fetcher (hw/controller.py), which the cycle model (sw/timing.py) follows.
+#: Instructions fetched by one DMA read command.
+FETCH_BURST = 8
+#: Depth of the instruction queue between the fetcher and the issue stage.
+FETCH_DEPTH = 16
+#: The fetcher asks for another batch only at or below this queue level, where a whole batch
+#: still fits in the queue.
+FETCH_HIGH_WATER = FETCH_DEPTH - FETCH_BURST
+#: Below this many queued instructions, the fetcher goes before the load unit on the reader.
+FETCH_LOW_WATER = 4
 
 _CONFIG_NAME = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
 

@@ -17,6 +17,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .accumulator import AccumulatorSignature
+from .config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from .dma import BlockCommand
 from .isa import INSTR_BITS, INSTR_BYTES, ErrorCode, Instruction, Opcode
 from .requant import Requantizer
@@ -24,15 +25,7 @@ from .scratchpad import ScratchpadSignature
 from .systolic import ActivationRow
 
 
-__all__ = ["Controller", "PerfCounters", "FETCH_BURST", "FETCH_DEPTH"]
-
-
-#: Instructions fetched by one DMA read command.
-FETCH_BURST = 8
-#: Depth of the instruction queue between the fetcher and the issue stage.
-FETCH_DEPTH = 16
-#: Below this many queued instructions, the fetcher goes before the load unit on the reader.
-FETCH_LOW_WATER = 4
+__all__ = ["Controller", "PerfCounters"]
 
 
 class PerfCounters(data.Struct):
@@ -50,9 +43,9 @@ class Controller(wiring.Component):
     """Runs a compiled instruction stream (:mod:`hw.isa`) on the array, memories and DMA.
 
     On ``start`` the controller checks the program registers. A fetcher then reads the
-    program ahead into a queue, :data:`FETCH_BURST` instructions per DMA command. The issue
-    stage takes instructions in program order, checks their operands and hands each to one
-    of four units, which then run side by side:
+    program ahead into a queue, :data:`~hw.config.FETCH_BURST` instructions per DMA command.
+    The issue stage takes instructions in program order, checks their operands and hands each
+    to one of four units, which then run side by side:
 
     * the load unit (``LOAD_SPAD``, ``LOAD_ACC``, ``LOAD_QUANT``) on the DMA reader, which
       it shares with the fetcher;
@@ -527,7 +520,7 @@ class Controller(wiring.Component):
             m.d.comb += fetch_rows.eq(self.prog_len - fetch_pc)
         end_issuing = issue & (opcode == Opcode.END)
         fetch_want = (running & ~stopping & ~refetch & ~fetch_stop & ~end_issuing &
-                      (fetch_pc != self.prog_len) & (iq.level <= FETCH_DEPTH - FETCH_BURST))
+                      (fetch_pc != self.prog_len) & (iq.level <= FETCH_HIGH_WATER))
         load_want = ld_busy & ~ld_sent & ~ld_check
         grant_fetch = Signal()
         grant_load = Signal()

@@ -1,12 +1,12 @@
 """The host interface: an AXI4-Lite slave holding the NPU's registers."""
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AXI4LiteSignature, Resp
 from .controller import PerfCounters
-from .isa import MAGIC, VERSION, Reg
+from .isa import MAGIC, VERSION, Control, Reg, Status
 
 
 __all__ = ["HostInterface"]
@@ -80,8 +80,8 @@ class HostInterface(wiring.Component):
                 with m.Case(Reg.CONTROL >> 2):
                     with m.If(bus.wstrb[0]):
                         m.d.comb += [
-                            self.start.eq(bus.wdata[0]),   # Control.START
-                            self.soft_reset.eq(bus.wdata[1]),  # Control.SOFT_RESET
+                            self.start.eq((bus.wdata & Control.START).any()),
+                            self.soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
                         ]
                 with m.Case(Reg.PROG_ADDR >> 2):
                     for lane in range(4):
@@ -114,8 +114,9 @@ class HostInterface(wiring.Component):
                 Reg.SPAD_DEPTH: config.spad_depth,
                 Reg.ACC_DEPTH:  config.acc_depth,
                 Reg.BUS_WIDTH:  config.bus_width,
-                Reg.STATUS:     (self.busy | (self.done << 1) | (self.error << 2) |
-                                 (self.error_code << 8)),
+                Reg.STATUS:     (Mux(self.busy, Status.BUSY, 0) | Mux(self.done, Status.DONE, 0) |
+                                 Mux(self.error, Status.ERROR, 0) |
+                                 (self.error_code << Status.CODE_SHIFT)),
                 Reg.ERROR_PC:   self.error_pc,
                 Reg.PC:         self.pc,
                 Reg.PROG_ADDR:  self.prog_addr,

@@ -7,6 +7,8 @@ An instruction is 128 bits, stored little-endian in DRAM as 16 bytes. Programs s
 16-byte aligned address and run until ``END`` (or until the error that stops them).
 """
 
+from types import MappingProxyType
+
 from amaranth.hdl import Shape, signed
 from amaranth.lib import data, enum
 
@@ -14,7 +16,7 @@ from amaranth.lib import data, enum
 __all__ = [
     "Opcode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
     "INSTR_BITS", "INSTR_BYTES", "OPTIONAL_FIELDS", "ErrorCode", "Reg", "MAGIC", "VERSION",
-    "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
+    "PERF_COUNTERS", "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
 ]
 
 
@@ -231,6 +233,13 @@ class Reg(enum.IntEnum):
     PERF_INSTRUCTIONS = 0x58  #: RO  instructions issued, END included
     PERF_READ_BYTES   = 0x5C  #: RO  bytes read on the AXI4 master (R beats x bus bytes)
     PERF_WRITE_BYTES  = 0x60  #: RO  bytes written on the AXI4 master (W beats x bus bytes)
+
+
+#: The performance counters by the names the host, the cycle model and the benches report them
+#: under (``array_rows``, ``useful_macs``, ...), in register order: ``PERF_ARRAY_ROWS`` is
+#: ``array_rows``. Read-only.
+PERF_COUNTERS = MappingProxyType({
+    reg.name.removeprefix("PERF_").lower(): reg for reg in Reg if reg.name.startswith("PERF_")})
 
 
 class Status:

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.isa import ErrorCode, Reg
+from hw.isa import PERF_COUNTERS, ErrorCode
 from .errors import BackendUnavailable, NPUValueError
 
 
-__all__ = ["RunResult", "SIMULATORS", "run_program", "run_programs"]
+# PERF_COUNTERS is defined in hw.isa; it stays importable from here for older callers.
+__all__ = ["RunResult", "SIMULATORS", "PERF_COUNTERS", "run_program", "run_programs"]
 
 
 #: Backend names accepted by :func:`run_program`.
@@ -44,7 +45,7 @@ class RunResult:
     dram : numpy.ndarray
         The whole DRAM (``uint8``, one dimension) after the run.
     perf : dict or None
-        The hardware's performance counters (:data:`PERF_COUNTERS`, read from the
+        The hardware's performance counters (:data:`hw.isa.PERF_COUNTERS`, read from the
         ``PERF_*`` registers); ``None`` from the model.
     """
     done: bool
@@ -54,20 +55,6 @@ class RunResult:
     instructions: int
     dram: np.ndarray
     perf: "dict | None" = None
-
-
-#: The performance counters a simulated run reports, by name, and their registers.
-PERF_COUNTERS = {
-    "array_rows":   Reg.PERF_ARRAY_ROWS,
-    "useful_macs":  Reg.PERF_USEFUL_MACS,
-    "stall_fetch":  Reg.PERF_STALL_FETCH,
-    "stall_load":   Reg.PERF_STALL_LOAD,
-    "stall_store":  Reg.PERF_STALL_STORE,
-    "stall_array":  Reg.PERF_STALL_ARRAY,
-    "instructions": Reg.PERF_INSTRUCTIONS,
-    "read_bytes":   Reg.PERF_READ_BYTES,
-    "write_bytes":  Reg.PERF_WRITE_BYTES,
-}
 
 
 def _import_rtl_runner():

@@ -134,7 +134,7 @@ class GemmResult:
     instructions : int
         Instructions executed, ``END`` included.
     perf : dict or None
-        The hardware's performance counters (``sw.backend.PERF_COUNTERS``, plus
+        The hardware's performance counters (``hw.isa.PERF_COUNTERS``, plus
         ``cycles``); ``None`` on the model.
     """
     c: np.ndarray

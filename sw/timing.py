@@ -2,7 +2,7 @@
 
 :func:`predict` runs a program's instructions through a model of the controller's timing
 (``hw/controller.py``) and of the DMA engine (``hw/dma.py``), one clock cycle at a time, and
-returns the cycle count and the counters the hardware reports (:data:`sw.backend.PERF_COUNTERS`)
+returns the cycle count and the counters the hardware reports (:data:`hw.isa.PERF_COUNTERS`)
 without computing any data. It follows the RTL register for register where timing is
 decided: the fetcher and its instruction queue, the decode stage, the issue stage's hazard
 checks, the four units, the array's latency, the accumulator's read-modify-write, the DMA's
@@ -13,7 +13,10 @@ The DRAM is modelled as the simulation's bus models answer (:class:`sim.bench.Dr
 cocotbext-axi's AXI4 slave without back-pressure): a read command's first beat arrives in
 the third cycle after the command is taken and the rest follow one per cycle; write
 addresses and data are always accepted; a burst's write response comes two cycles after
-its last beat. Other DRAM timing changes the count, not the results; so does back-pressure.
+its last beat. Those two delays are :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`,
+and :func:`predict` takes others for a DRAM that answers with other fixed delays but otherwise
+the same way (bursts streamed back to back, writes never stalled). Other DRAM timing changes
+the count, not the results; so does back-pressure.
 
 Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``, ``MATMUL``,
 ``STORE`` and ``END``; programs are assumed to run without error.
@@ -22,6 +25,7 @@ Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``,
 from collections import deque
 from dataclasses import dataclass
 
+from hw.config import FETCH_BURST, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from hw.isa import INSTR_BYTES, Opcode
 
 from . import codec
@@ -31,12 +35,17 @@ from .errors import NPUValueError
 __all__ = ["Timing", "predict", "predict_gemm", "READ_LATENCY", "WRITE_RESPONSE_LATENCY"]
 
 
-#: Cycles from the cycle a read command is granted to its first data beat, minus one: the
-#: command is taken (cycle ``g``), the DMA sends its first address (``g + 1``), the first beat
-#: arrives in ``g + 3``.
+#: Cycles from the cycle a read command is granted to its first data beat: the command is
+#: taken (cycle ``g``), the DMA sends its first address (``g + 1``), the first beat arrives in
+#: ``g + 3``. The default of :func:`predict`'s ``read_latency``.
 READ_LATENCY = 3
-#: Cycles from a burst's last write beat to its write response.
+#: Cycles from a burst's last write beat to its write response. The default of
+#: :func:`predict`'s ``write_response_latency``.
 WRITE_RESPONSE_LATENCY = 2
+#: The smallest delays an AXI4 slave can have: a first beat in the cycle after its address,
+#: which the DMA sends in the cycle after the grant; a response in the cycle after the last beat.
+_MIN_READ_LATENCY = 2
+_MIN_WRITE_RESPONSE_LATENCY = 1
 
 _MODELLED = {Opcode.END, Opcode.LOAD_SPAD, Opcode.PRELOAD, Opcode.MATMUL, Opcode.STORE}
 
@@ -50,7 +59,7 @@ class Timing:
     cycles : int
         The ``CYCLES`` register at the end: cycles from start to done.
     perf : dict
-        The performance counters, by the names of :data:`sw.backend.PERF_COUNTERS`, and
+        The performance counters, by the names of :data:`hw.isa.PERF_COUNTERS`, and
         ``cycles``.
     """
     cycles: int
@@ -83,13 +92,28 @@ def _decode_program(words):
     return program
 
 
-def predict(config, words, prog_addr, *, max_cycles=1 << 40):
+def _check_latency(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise NPUValueError(f"{name} must be a whole number of cycles, at least {minimum}, "
+                            f"not {value!r}")
+
+
+def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
+            write_response_latency=WRITE_RESPONSE_LATENCY, max_cycles=1 << 40):
     """Cycles and counters of the program ``words`` (128-bit ints) at ``prog_addr`` on the
     NPU of ``config``, from start to done.
 
-    Raises :class:`~sw.errors.NPUValueError` for an instruction the model does not cover, and
-    ``RuntimeError`` if the program does not end within ``max_cycles``.
+    ``read_latency`` is the DRAM's delay from a granted read command to its first beat (at
+    least 2), ``write_response_latency`` from a burst's last write beat to its response (at
+    least 1); see :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`.
+
+    Raises :class:`~sw.errors.NPUValueError` for an instruction the model does not cover or a
+    latency below its minimum, and ``RuntimeError`` if the program does not end within
+    ``max_cycles``.
     """
+    _check_latency("read_latency", read_latency, _MIN_READ_LATENCY)
+    _check_latency("write_response_latency", write_response_latency,
+                   _MIN_WRITE_RESPONSE_LATENCY)
     program = _decode_program(words)
     prog_len = len(program)
     rows, cols = config.rows, config.cols
@@ -199,11 +223,11 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
         # The DMA reader: the fetcher goes first while the queue runs low.
         grant = None
         if not reader_busy:
-            fetch_want = fetch_pc != prog_len and level <= 8
+            fetch_want = fetch_pc != prog_len and level <= FETCH_HIGH_WATER
             load_want = ld_busy and not ld_sent
-            if fetch_want and (not load_want or level < 4):
-                grant = (prog_addr + fetch_pc * INSTR_BYTES, min(8, prog_len - fetch_pc),
-                         INSTR_BYTES, INSTR_BYTES)
+            if fetch_want and (not load_want or level < FETCH_LOW_WATER):
+                grant = (prog_addr + fetch_pc * INSTR_BYTES,
+                         min(FETCH_BURST, prog_len - fetch_pc), INSTR_BYTES, INSTR_BYTES)
                 grant_load = False
             elif load_want:
                 grant, grant_load = ld_cmd, True
@@ -236,7 +260,7 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
             reader_busy, reader_is_load = True, grant_load
             if grant_load:
                 ld_sent = True
-            beat = t + READ_LATENCY - 1      # the cycle before the first beat
+            beat = t + read_latency - 1      # the cycle before the first beat
             first = beat
             for r in range(count):
                 beat += _beats(addr + r * stride, row_bytes, bus)
@@ -315,7 +339,7 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
             if row_taken:
                 buffered = True
             if wr_burst_left == 0:
-                responses.append(t + WRITE_RESPONSE_LATENCY)
+                responses.append(t + write_response_latency)
                 if wr_beats_left:
                     next_wr = "ADDRESS"
                 elif wr_rows_left == 1:
@@ -373,9 +397,11 @@ def predict(config, words, prog_addr, *, max_cycles=1 << 40):
     return Timing(cycles=cycles, perf=perf)
 
 
-def predict_gemm(config, m, k, n, *, schedule="auto"):
+def predict_gemm(config, m, k, n, *, schedule="auto", read_latency=READ_LATENCY,
+                 write_response_latency=WRITE_RESPONSE_LATENCY):
     """:func:`predict` for the program the driver runs for ``(m x k) @ (k x n)`` on
-    ``config`` (:func:`sw.driver.gemm`): the same plan, DRAM layout and instructions."""
+    ``config`` (:func:`sw.driver.gemm`): the same plan, DRAM layout and instructions, and
+    the same DRAM latencies as :func:`predict` takes."""
     from .compiler import compile_gemm, plan_gemm
     from .driver import check_config, layout_dram
 
@@ -385,4 +411,5 @@ def predict_gemm(config, m, k, n, *, schedule="auto"):
     program = compile_gemm(config, m, k, n, a_addr=layout.a_addr, b_addr=layout.b_addr,
                            c_addr=layout.c_addr, schedule=schedule, a_stride=layout.a_stride,
                            b_stride=layout.b_stride)
-    return predict(config, program.words, layout.program_addr)
+    return predict(config, program.words, layout.program_addr, read_latency=read_latency,
+                   write_response_latency=write_response_latency)

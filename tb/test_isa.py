@@ -164,3 +164,16 @@ def test_pack_and_unpack():
     assert codec.unpack_words(image) == words
     with pytest.raises(NPUValueError, match="multiple of 16"):
         codec.unpack_words(image[:-1])
+
+
+def test_perf_counters():
+    """The counter names are the JSON keys of ``npu gemm`` and the bench: renaming one is an
+    interface change. They come in register order and cannot be changed at run time."""
+    assert list(isa.PERF_COUNTERS.items()) == [
+        ("array_rows", isa.Reg.PERF_ARRAY_ROWS), ("useful_macs", isa.Reg.PERF_USEFUL_MACS),
+        ("stall_fetch", isa.Reg.PERF_STALL_FETCH), ("stall_load", isa.Reg.PERF_STALL_LOAD),
+        ("stall_store", isa.Reg.PERF_STALL_STORE), ("stall_array", isa.Reg.PERF_STALL_ARRAY),
+        ("instructions", isa.Reg.PERF_INSTRUCTIONS), ("read_bytes", isa.Reg.PERF_READ_BYTES),
+        ("write_bytes", isa.Reg.PERF_WRITE_BYTES)]
+    with pytest.raises(TypeError):
+        isa.PERF_COUNTERS["cycles"] = isa.Reg.CYCLES_LO

@@ -4,7 +4,7 @@ For each of three configurations (three array sizes, the three AXI widths) 30 GE
 under Verilator in one simulation: shapes with 1s, exact tiles, ragged tiles, several
 accumulator halves and blocks of A, the three GEMM schedules, and random shapes drawn from
 ``NPU_SEED``. The model predicts each program's cycles and all performance counters
-(``sw.backend.PERF_COUNTERS``) from the compiled program alone; the test asserts that they
+(``hw.isa.PERF_COUNTERS``) from the compiled program alone; the test asserts that they
 equal what the hardware counted, and that the results are bit-exact.
 """
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from hw.config import NPUConfig
-from hw.isa import Opcode
+from hw.isa import PERF_COUNTERS, Opcode
 from sw import codec
 from sw.driver import prepare_gemm, reference_gemm, run_jobs
 from sw.errors import NPUValueError
-from sw.timing import predict, predict_gemm
+from sw.timing import READ_LATENCY, WRITE_RESPONSE_LATENCY, predict, predict_gemm
 
 
 BASE_SEED = int(os.environ.get("NPU_SEED", "20261202"))
@@ -86,6 +86,9 @@ def test_model_predicts_what_the_driver_runs():
     job = prepare_gemm(a, b, config=config)
     assert (predict_gemm(config, 9, 10, 11)
             == predict(config, job.program.words, job.layout.program_addr))
+    assert (predict_gemm(config, 9, 10, 11, read_latency=5, write_response_latency=4)
+            == predict(config, job.program.words, job.layout.program_addr, read_latency=5,
+                       write_response_latency=4))
 
 
 def test_model_counts_what_it_must():
@@ -95,6 +98,7 @@ def test_model_counts_what_it_must():
     m, k, n = 20, 12, 10
     job = prepare_gemm(np.ones((m, k), np.int8), np.ones((k, n), np.int8), config=config)
     perf = predict(config, job.program.words, job.layout.program_addr).perf
+    assert list(perf) == [*PERF_COUNTERS, "cycles"]
     matmuls = [codec.decode(word)[1] for word in job.program.words
                if codec.decode(word)[0] is Opcode.MATMUL]
     assert perf["array_rows"] == sum(f["rows"] for f in matmuls)
@@ -103,6 +107,33 @@ def test_model_counts_what_it_must():
     stalls = sum(perf[key] for key in ("stall_fetch", "stall_load", "stall_store",
                                        "stall_array"))
     assert stalls + perf["instructions"] <= perf["cycles"]
+
+
+def test_model_takes_the_dram_latencies():
+    """A STORE and END: the one fetch waits for the first read beat (stall_fetch), END for the
+    last write response (stall_store), so each extra cycle of latency is one more cycle."""
+    config = NPUConfig.from_name("4x4")
+    words = [codec.encode(Opcode.STORE, acc_addr=0, rows=2, row_bytes=16, dram_addr=0x1000,
+                          dram_stride=16),
+             codec.encode(Opcode.END)]
+    base = predict(config, words, 0x40)
+    assert base == predict(config, words, 0x40, read_latency=READ_LATENCY,
+                           write_response_latency=WRITE_RESPONSE_LATENCY)
+    assert (base.cycles, base.perf["stall_fetch"], base.perf["stall_store"]) == (22, 8, 11)
+    for extra in (1, 5):
+        slow_read = predict(config, words, 0x40, read_latency=READ_LATENCY + extra)
+        assert slow_read.perf == dict(base.perf, cycles=base.cycles + extra,
+                                      stall_fetch=base.perf["stall_fetch"] + extra)
+        slow_write = predict(config, words, 0x40,
+                             write_response_latency=WRITE_RESPONSE_LATENCY + extra)
+        assert slow_write.perf == dict(base.perf, cycles=base.cycles + extra,
+                                       stall_store=base.perf["stall_store"] + extra)
+    for keyword, value, match in (("read_latency", 1, "read_latency must be a whole number "
+                                   "of cycles, at least 2, not 1"),
+                                  ("write_response_latency", 0, "at least 1, not 0"),
+                                  ("read_latency", 3.0, "at least 2, not 3.0")):
+        with pytest.raises(NPUValueError, match=match):
+            predict(config, words, 0x40, **{keyword: value})
 
 
 def test_model_rejects_what_it_does_not_cover():
