@@ -4,8 +4,9 @@ Everything that both sides must agree on (array size, memory depths, bus width) 
 so that the compiler can never target a different machine from the one that was built.
 """
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 __all__ = ["NPUConfig", "MAX_K", "FETCH_BURST", "FETCH_DEPTH", "FETCH_HIGH_WATER",
@@ -57,6 +58,11 @@ class NPUConfig:
     addr_width: int = field(default=32)
 
     def __post_init__(self):
+        for item in fields(self):
+            value = getattr(self, item.name)
+            # 64.0 would pass the checks below and then break every width computed from it.
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{item.name} must be an integer, not {value!r}")
         for name in ("rows", "cols", "spad_depth", "acc_depth"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -84,6 +90,38 @@ class NPUConfig:
             raise ValueError(f"config must be written RxC with positive integers, "
                              f"for example 8x8 or 3x5, not {name!r}")
         return cls(rows=int(match.group(1)), cols=int(match.group(2)), **kwargs)
+
+    def to_json(self):
+        """Every field of this config as one JSON object (a ``str``), for
+        :meth:`from_json`: how a config travels to a simulator process."""
+        return json.dumps({item.name: getattr(self, item.name) for item in fields(self)})
+
+    @classmethod
+    def from_json(cls, text):
+        """The config that :meth:`to_json` wrote.
+
+        A field left out takes its default, as in the constructor. Raises ``ValueError`` for
+        text that is not a JSON object, an unknown field, or a value the constructor refuses.
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"an NPUConfig must be given as a JSON object in a str, not "
+                             f"{text!r}")
+        try:
+            values = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"an NPUConfig must be given as a JSON object, but {text!r} is "
+                             f"not JSON ({error})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"an NPUConfig must be given as a JSON object, not {text!r}")
+        known = [item.name for item in fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"unknown NPUConfig fields {', '.join(unknown)} in {text!r}; the "
+                             f"fields are {', '.join(known)}")
+        try:
+            return cls(**values)
+        except ValueError as error:
+            raise ValueError(f"{error} (in the NPUConfig {text!r})") from None
 
     @property
     def name(self):

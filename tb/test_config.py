@@ -1,0 +1,58 @@
+"""Tests of :class:`hw.config.NPUConfig`: its checks and its JSON form."""
+
+import pytest
+
+from hw.config import NPUConfig
+
+
+@pytest.mark.parametrize("config", [
+    NPUConfig(),
+    NPUConfig.from_name("1x1", spad_depth=1, acc_depth=1, bus_width=32),
+    NPUConfig.from_name("3x5", bus_width=128),
+    NPUConfig(rows=256, cols=256, spad_depth=65536, acc_depth=65536, bus_width=64),
+], ids=lambda config: config.key())
+def test_json_round_trip(config):
+    assert NPUConfig.from_json(config.to_json()) == config
+
+
+def test_json_names_every_field():
+    text = NPUConfig.from_name("3x5", spad_depth=100, acc_depth=7, bus_width=128).to_json()
+    assert text == ('{"rows": 3, "cols": 5, "spad_depth": 100, "acc_depth": 7, '
+                    '"bus_width": 128, "addr_width": 32}')
+
+
+def test_json_left_out_fields_take_their_defaults():
+    assert NPUConfig.from_json('{"rows": 4, "cols": 2}') == NPUConfig(rows=4, cols=2)
+    assert NPUConfig.from_json("{}") == NPUConfig()
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"rows": 4,', r"must be given as a JSON object, but '\{\"rows\": 4,' is not JSON"),
+    ("", "is not JSON"),
+    ("[4, 4]", r"must be given as a JSON object, not '\[4, 4\]'"),
+    ('"4x4"', "must be given as a JSON object"),
+    ('{"rows": 4, "colz": 4, "depth": 1}',
+     "unknown NPUConfig fields colz, depth in .*; the fields are rows, cols, spad_depth, "
+     "acc_depth, bus_width, addr_width"),
+    ('{"rows": 0}', r"rows must be a positive integer, not 0 \(in the NPUConfig"),
+    ('{"rows": 2.5}', "rows must be an integer, not 2.5"),
+    ('{"bus_width": 64.0}', "bus_width must be an integer, not 64.0"),
+    ('{"acc_depth": true}', "acc_depth must be an integer, not True"),
+    ('{"bus_width": 48}', "bus_width must be 32, 64 or 128, not 48"),
+    ('{"addr_width": 64}', "addr_width must be 32, not 64"),
+])
+def test_json_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        NPUConfig.from_json(text)
+
+
+def test_json_must_be_text():
+    with pytest.raises(ValueError, match="JSON object in a str, not 5"):
+        NPUConfig.from_json(5)
+
+
+@pytest.mark.parametrize("field_name, value", [
+    ("bus_width", 64.0), ("addr_width", 32.0), ("rows", True), ("spad_depth", "2048")])
+def test_fields_must_be_integers(field_name, value):
+    with pytest.raises(ValueError, match=f"{field_name} must be an integer, not {value!r}"):
+        NPUConfig(**{field_name: value})
