@@ -6,11 +6,12 @@
 * :mod:`sw.conv`     quantized 2-D convolution without im2col (:func:`~sw.conv.conv2d`)
 * :mod:`sw.quant`    the requantization arithmetic (:func:`~sw.quant.requantize`)
 * :mod:`sw.model`    instruction-level simulator (:class:`~sw.model.ModelNPU`)
-* :mod:`sw.backend`  :class:`~sw.backend.RunResult` and :func:`~sw.backend.run_program`
+* :mod:`sw.backend`  :func:`~sw.backend.run_program` on any backend, returning a
+  :class:`~sim.result.RunResult`
 * :mod:`sw.driver`   :func:`~sw.driver.gemm` and :func:`~sw.driver.qgemm`, the host-side
   entry points
 * :mod:`sw.cli`      the ``npu`` command
 * :mod:`sw.errors`   :class:`~sw.errors.NPUError` and its subclasses
 
-Nothing is imported here, so ``import sw.backend`` stays light for ``sim.runner``.
+Nothing is imported here, so importing one module of ``sw`` stays light.
 """

@@ -2,59 +2,24 @@
 
 ``model`` is the instruction-level simulator in :mod:`sw.model`; ``verilator`` and ``icarus``
 run the generated Verilog through cocotb (``sim.runner``). All of them take the same inputs and
-return the same :class:`RunResult`, so the driver and the tests cannot tell them apart except
-by speed and by the cycle count.
+return the same :class:`~sim.result.RunResult`, so the driver and the tests cannot tell them
+apart except by speed and by the cycle count.
 
 This module imports nothing heavy at import time: the simulators are imported when they are
-first used, so that ``from sw.backend import RunResult`` stays cheap for ``sim.runner`` too.
+first used.
 """
 
-from dataclasses import dataclass
-
-import numpy as np
-
-from hw.isa import PERF_COUNTERS, ErrorCode
+from hw.isa import PERF_COUNTERS
+from sim.result import RunResult
 from .errors import BackendUnavailable, NPUValueError
 
 
-# PERF_COUNTERS is defined in hw.isa; it stays importable from here for older callers.
+# RunResult is defined in sim.result, PERF_COUNTERS in hw.isa; both stay importable from here.
 __all__ = ["RunResult", "SIMULATORS", "PERF_COUNTERS", "run_program", "run_programs"]
 
 
 #: Backend names accepted by :func:`run_program`.
 SIMULATORS = ("verilator", "icarus", "model")
-
-
-@dataclass
-class RunResult:
-    """What one run of a program produced.
-
-    Attributes
-    ----------
-    done : bool
-        ``True`` when the program reached ``END``; ``False`` when it stopped with an error.
-    error_code : hw.isa.ErrorCode
-        ``ErrorCode.NONE`` when ``done``.
-    error_pc : int
-        Index of the instruction that failed; 0 when ``done``.
-    cycles : int or None
-        Clock cycles from start to done or error; ``None`` from the model, which has no clock.
-    instructions : int
-        Instructions completed: ``END`` counts, the instruction that failed does not. For a
-        straight-line program that is ``pc + 1`` after ``END`` and ``error_pc`` after an error.
-    dram : numpy.ndarray
-        The whole DRAM (``uint8``, one dimension) after the run.
-    perf : dict or None
-        The hardware's performance counters (:data:`hw.isa.PERF_COUNTERS`, read from the
-        ``PERF_*`` registers); ``None`` from the model.
-    """
-    done: bool
-    error_code: ErrorCode
-    error_pc: int
-    cycles: "int | None"
-    instructions: int
-    dram: np.ndarray
-    perf: "dict | None" = None
 
 
 def _import_rtl_runner():

@@ -43,8 +43,8 @@ are therefore not part of the contract.)
 import numpy as np
 
 from hw.isa import ErrorCode, INSTR_BYTES, Opcode
+from sim.result import RunResult
 from . import codec
-from .backend import RunResult
 from .errors import NPUTypeError, NPUValueError
 from .quant import requantize
 

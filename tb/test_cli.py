@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hw.config import MAX_K
+from sim.result import RunResult
 from sw import backend
 from sw.cli import main
 from sw.driver import reference_gemm
@@ -147,8 +148,8 @@ def test_gemm_program_error_exits_1(monkeypatch, capsys):
     from hw.isa import ErrorCode
 
     def failing_run_program(config, sim, dram, prog_addr, prog_len):
-        return backend.RunResult(done=False, error_code=ErrorCode.ACC_RANGE, error_pc=3,
-                                 cycles=10, instructions=3, dram=dram)
+        return RunResult(done=False, error_code=ErrorCode.ACC_RANGE, error_pc=3, cycles=10,
+                         instructions=3, dram=dram)
 
     monkeypatch.setattr(backend, "run_programs", one_at_a_time(failing_run_program))
     status, out, err = run_cli(capsys, "gemm", "--m", "2", "--k", "2", "--n", "2")
@@ -381,8 +382,8 @@ def test_qgemm_program_error_exits_1(monkeypatch, capsys):
     from hw.isa import ErrorCode
 
     def failing_run_program(config, sim, dram, prog_addr, prog_len):
-        return backend.RunResult(done=False, error_code=ErrorCode.QUANT, error_pc=2,
-                                 cycles=10, instructions=2, dram=dram)
+        return RunResult(done=False, error_code=ErrorCode.QUANT, error_pc=2, cycles=10,
+                         instructions=2, dram=dram)
 
     monkeypatch.setattr(backend, "run_programs", one_at_a_time(failing_run_program))
     status, out, err = run_cli(capsys, "qgemm", "--m", "2", "--k", "2", "--n", "2")

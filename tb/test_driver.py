@@ -7,8 +7,8 @@ import pytest
 
 from hw.config import MAX_K, NPUConfig
 from hw.isa import ErrorCode
+from sim.result import RunResult
 from sw import backend
-from sw.backend import RunResult
 from sw.driver import (DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN, ROW_PITCH,
                        GemmResult, gemm, layout_dram, reference_gemm)
 from sw.errors import (BackendUnavailable, NPUError, NPURunError, NPUTypeError,

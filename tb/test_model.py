@@ -5,8 +5,9 @@ import pytest
 
 from hw.config import NPUConfig
 from hw.isa import ErrorCode, Opcode
+from sim.result import RunResult
 from sw import codec
-from sw.backend import RunResult, run_program
+from sw.backend import run_program
 from sw.errors import NPUTypeError, NPUValueError
 from sw.model import ModelNPU
 

@@ -6,8 +6,8 @@ import pytest
 from hw.config import MAX_K, NPUConfig
 from hw.isa import ErrorCode, Opcode
 from quant_cases import random_int8, random_qgemm_problem
+from sim.result import RunResult
 from sw import backend, codec
-from sw.backend import RunResult
 from sw.compiler import QuantPlan, QuantProgram, compile_qgemm, plan_qgemm
 from sw.driver import (POISON, PROGRAM_ADDR, REGION_ALIGN, DRAM_GRANULE, QuantResult,
                        fold_zero_point, prepare_gemm, prepare_qgemm, qgemm, qgemm_batch,
