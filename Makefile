@@ -67,10 +67,10 @@ formal: venv
 	$(PY) -m formal
 
 # The utilization sweep and simulator speeds under Verilator -> docs/performance.md and
-# docs/utilization.png (about 7 minutes on 2 cores).
+# docs/utilization.png (about 7 minutes on 2 cores); `npu bench --quick` for a check.
 bench: venv
 	$(PY) -m pip install --quiet -e ".[test,bench]"
-	$(PY) -m sim.perf_bench
+	$(NPU) bench --out docs/performance.md
 
 verilog: venv
 	@mkdir -p build

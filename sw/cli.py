@@ -10,6 +10,7 @@
     npu qgemm --m 64 --k 100 --n 100 --seed 1 --sim model        (random operands)
     npu verilog --config 8x8 -o npu_8x8.v
     npu trace
+    npu bench [--quick] [--out docs/performance.md] [--no-speed]
 
 Bad input ends with a one-line ``npu: error: ...`` on stderr and exit status 2; a GEMM that is
 not bit-exact (with the numpy reference: ``reference_gemm`` / ``reference_qgemm``), or a
@@ -182,6 +183,15 @@ def _build_parser():
     demo.add_argument("--out", default="docs/demo.md", metavar="FILE",
                       help="report to write (default docs/demo.md)")
     demo.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    bench = commands.add_parser(
+        "bench", help="the utilization sweep from the hardware counters and the simulator "
+                      "speeds (about 7 minutes), written to a report")
+    bench.add_argument("--quick", action="store_true", help="a small sweep, for a check")
+    bench.add_argument("--out", default="docs/performance.md", metavar="FILE",
+                       help="report to write (default docs/performance.md); the plot "
+                            "utilization.png goes next to it")
+    bench.add_argument("--no-speed", action="store_true", help="skip the simulator speeds")
     return parser
 
 
@@ -459,6 +469,17 @@ def _run_demo(arguments):
     return 0 if report.get("bit_exact", False) else EXIT_FAILURE
 
 
+def _run_bench(arguments):
+    from pathlib import Path
+    from .bench import BenchMismatch, run
+    try:
+        run(Path(arguments.out), quick=arguments.quick, speed=not arguments.no_speed)
+    except BenchMismatch as error:
+        _report(error)
+        return EXIT_FAILURE
+    return 0
+
+
 def _run_plan(arguments):
     from .compiler import plan_gemm, scalesim_cycles
     from .timing import predict_gemm
@@ -533,7 +554,7 @@ def main(argv=None):
         # argparse exits after --help or a usage error; return its status for in-process use.
         return exit.code
     handlers = {"gemm": _run_gemm, "plan": _run_plan, "qgemm": _run_qgemm, "verilog": _run_verilog,
-                "trace": _run_trace, "demo": _run_demo}
+                "trace": _run_trace, "demo": _run_demo, "bench": _run_bench}
     try:
         return handlers[arguments.command](arguments)
     except (NPURunError, BackendUnavailable) as error:

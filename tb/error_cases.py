@@ -7,7 +7,7 @@ index of the failing instruction.
 """
 
 from hw.config import NPUConfig
-from hw.isa import INSTR_BYTES, ErrorCode, Opcode, encode
+from hw.isa import ErrorCode, Opcode, encode
 
 
 CONFIG = NPUConfig(rows=2, cols=2, spad_depth=16, acc_depth=8, bus_width=64)
@@ -51,10 +51,6 @@ def store(acc_addr, rows, row_bytes, dram_addr, dram_stride):
 
 
 END = encode(Opcode.END)
-
-
-def program_bytes(words):
-    return b"".join(word.to_bytes(INSTR_BYTES, "little") for word in words)
 
 
 GOOD_LOAD = load_spad(0, 2, 2, 0x1000, 2)

@@ -3,8 +3,8 @@ wrap-around and back-to-back read-modify-writes of one row."""
 
 import numpy as np
 
-from amaranth_sim import run_simulation, wrap32
 from hw.accumulator import AccumulatorMemory
+from sim.amaranth_sim import run_simulation, wrap32
 
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1

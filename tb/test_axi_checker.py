@@ -7,8 +7,8 @@ each broken rule is reported as that rule, with the burst's address and the cycl
 
 import pytest
 
-from amaranth_sim import run_simulation
 from hw.axi import Burst
+from sim.amaranth_sim import run_simulation
 from sim.axi_checker import AXI4Checker, Rule
 
 

@@ -1,111 +1,31 @@
-"""Unit tests of :class:`hw.controller.Controller`, run inside :class:`hw.top.NPU`.
+"""Unit tests of :class:`hw.controller.Controller`, run inside :class:`hw.top.NPU`
+(:func:`sim.amaranth_sim.run_jobs`).
 
-The DRAM is :class:`amaranth_sim.AXI4MemoryModel` on ``m_axi`` (random stalls and latency,
+The DRAM is :class:`sim.amaranth_sim.AXI4MemoryModel` on ``m_axi`` (random stalls and latency,
 bus rules checked), and the tests play the host on ``s_axil``. Every program must end with
 ``irq`` high within a bounded number of cycles: done with the exact result in DRAM, or an
 error with the right :class:`ErrorCode` and ``ERROR_PC``.
 """
 
-from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pytest
 
-from amaranth_sim import AXI4MemoryModel, axil_read, axil_write, run_simulation, wrap32
 from error_cases import (CONFIG, END, ERROR_PROGRAMS, GOOD_LOAD, PROG_ADDR, load_acc,
-                         load_quant, load_spad, matmul, preload, program_bytes, store)
+                         load_quant, load_spad, matmul, preload, store)
 from hw.axi import Resp
 from hw.config import NPUConfig
-from hw.isa import INSTR_BYTES, Control, ErrorCode, Opcode, Reg, Status
-from hw.top import NPU
+from hw.isa import INSTR_BYTES, ErrorCode, Opcode, Status
+from sim import amaranth_sim
+from sim.amaranth_sim import wrap32
 
 
 TIMEOUT = 5000   # cycles: far more than any program here needs
 
-
-@dataclass
-class Job:
-    """One program run: written to DRAM at ``prog_addr``, started, waited for."""
-    words: list
-    prog_addr: int = PROG_ADDR
-    prog_len: int = None           # default: len(words)
-    data: list = field(default_factory=list)   # (addr, bytes) put in DRAM first
-    soft_reset_before: bool = False
-    soft_reset_after: int = None   # cycles after start: stop the program with a soft reset
-
-
-@dataclass
-class Outcome:
-    status: int
-    error_pc: int
-    pc: int
-    cycles: int
-    irq: int
-    written: dict   # every DRAM byte the program wrote, address -> value
-    running_status: int   # STATUS read right after the start
-
-    @property
-    def code(self):
-        return ErrorCode((self.status >> Status.CODE_SHIFT) & 0xFF)
-
-
-def run_jobs(jobs, *, seed, read_errors=(), write_errors=(), config=CONFIG, **timing):
-    """Run ``jobs`` one after another on one NPU; returns ``(outcomes, model)``.
-
-    ``timing`` goes to the memory model (``ready_probability``, ``max_latency``).
-    """
-    dut = NPU(config)
-    model = AXI4MemoryModel(dut.m_axi, data_width=config.bus_width, seed=seed,
-                            read_errors=read_errors, write_errors=write_errors, **timing)
-    outcomes = []
-
-    async def host(ctx):
-        bus = dut.s_axil
-        for job in jobs:
-            if job.soft_reset_before:
-                await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
-                for _ in range(3):
-                    await ctx.tick()
-                assert ctx.get(dut.irq) == 0, "irq still high after a soft reset"
-                assert await axil_read(ctx, bus, Reg.STATUS) == 0, "STATUS after soft reset"
-            model.load(job.prog_addr & ~0xF, program_bytes(job.words))
-            for addr, data in job.data:
-                model.load(addr, data)
-            prog_len = len(job.words) if job.prog_len is None else job.prog_len
-            model.written = {}
-            await axil_write(ctx, bus, Reg.PROG_ADDR, job.prog_addr)
-            await axil_write(ctx, bus, Reg.PROG_LEN, prog_len)
-            await axil_write(ctx, bus, Reg.CONTROL, Control.START)
-            running_status = await axil_read(ctx, bus, Reg.STATUS)
-            if job.soft_reset_after is not None:
-                for _ in range(job.soft_reset_after):
-                    await ctx.tick()
-                await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
-                for _ in range(TIMEOUT // 8):
-                    if not await axil_read(ctx, bus, Reg.STATUS) & Status.BUSY:
-                        break
-                else:
-                    raise AssertionError(f"seed {seed}: still busy after a soft reset")
-            else:
-                # The start edge cleared done and error, so irq now belongs to this program.
-                for _ in range(TIMEOUT):
-                    _, _, irq = await ctx.tick().sample(dut.irq)
-                    if irq:
-                        break
-                else:
-                    raise AssertionError(f"seed {seed}: no irq within {TIMEOUT} cycles "
-                                         f"(PC {await axil_read(ctx, bus, Reg.PC)})")
-            status = await axil_read(ctx, bus, Reg.STATUS)
-            error_pc = await axil_read(ctx, bus, Reg.ERROR_PC)
-            pc = await axil_read(ctx, bus, Reg.PC)
-            cycles = await axil_read(ctx, bus, Reg.CYCLES_LO)
-            cycles |= await axil_read(ctx, bus, Reg.CYCLES_HI) << 32
-            # irq stays high until the next start or soft reset.
-            outcomes.append(Outcome(status, error_pc, pc, cycles, ctx.get(dut.irq),
-                                    dict(model.written), running_status))
-
-    run_simulation(dut, host, processes=[model.process])
-    return outcomes, model
+# The table's defaults: its program address, its config, a short timeout.
+Job = partial(amaranth_sim.Job, prog_addr=PROG_ADDR)
+run_jobs = partial(amaranth_sim.run_jobs, config=CONFIG, timeout_cycles=TIMEOUT)
 
 
 def assert_done(outcome, context=""):

@@ -1,7 +1,7 @@
 """Unit tests of :class:`hw.dma.DMA` against an AXI4 slave memory model with random stalls.
 
-The model (:class:`amaranth_sim.AXI4MemoryModel`) checks the bus rules on every cycle: INCR,
-full-width, aligned bursts of at most 256 beats that never cross 4 KiB, stable payloads,
+The model (:class:`sim.amaranth_sim.AXI4MemoryModel`) checks the bus rules on every cycle:
+INCR, full-width, aligned bursts of at most 256 beats that never cross 4 KiB, stable payloads,
 AW before its W data, ``wlast`` on the last beat of each burst. The tests check the data.
 """
 
@@ -10,9 +10,9 @@ import pytest
 from amaranth.hdl import Module, Signal
 from amaranth.sim import Simulator
 
-from amaranth_sim import AXI4MemoryModel, run_simulation
 from hw.axi import Resp
 from hw.dma import DMA
+from sim.amaranth_sim import AXI4MemoryModel, run_simulation
 
 
 ROW_BYTES = 20           # a 3x5 array's accumulator row: not a power of two

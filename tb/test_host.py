@@ -1,10 +1,10 @@
 """Unit tests of :class:`hw.host.HostInterface`: the AXI4-Lite register file."""
 
-from amaranth_sim import axil_read, axil_write, run_simulation
 from hw.axi import Resp
 from hw.config import NPUConfig
 from hw.host import HostInterface
 from hw.isa import MAGIC, VERSION, Control, Reg
+from sim.amaranth_sim import axil_read, axil_write, run_simulation
 
 
 CONFIG = NPUConfig(rows=3, cols=5, spad_depth=48, acc_depth=24, bus_width=128)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from amaranth_sim import run_simulation
 from hw.mesh import Mesh
+from sim.amaranth_sim import run_simulation
 
 
 @pytest.mark.parametrize("rows, cols, seed", [(1, 1, 1), (2, 3, 2), (3, 2, 3), (4, 4, 4)])

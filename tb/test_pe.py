@@ -5,8 +5,8 @@ import gc
 import numpy as np
 import pytest
 
-from amaranth_sim import run_simulation, wrap32
 from hw.pe import PE
+from sim.amaranth_sim import run_simulation, wrap32
 
 
 INT8_EDGES = (-128, -127, -1, 0, 1, 2, 127)

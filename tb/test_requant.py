@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from amaranth_sim import run_simulation
 from hw.requant import INT32_MAX, INT32_MIN, Requantizer
+from sim.amaranth_sim import run_simulation
 from sw.quant import requantize
 
 

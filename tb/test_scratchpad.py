@@ -3,8 +3,8 @@ cycle of read latency."""
 
 import numpy as np
 
-from amaranth_sim import run_simulation
 from hw.scratchpad import Scratchpad
+from sim.amaranth_sim import run_simulation
 
 
 def test_write_then_read_every_row():

@@ -6,8 +6,8 @@ import gc
 import numpy as np
 import pytest
 
-from amaranth_sim import run_simulation
 from hw.systolic import SystolicArray
+from sim.amaranth_sim import run_simulation
 
 
 def _simulate(dut, schedule, extra_cycles, *, garbage_rng=None):

@@ -5,7 +5,8 @@ under Verilator in one simulation: shapes with 1s, exact tiles, ragged tiles, se
 accumulator halves and blocks of A, the three GEMM schedules, and random shapes drawn from
 ``NPU_SEED``. The model predicts each program's cycles and all performance counters
 (``hw.isa.PERF_COUNTERS``) from the compiled program alone; the test asserts that they
-equal what the hardware counted, and that the results are bit-exact.
+equal what the hardware counted, and that the results are bit-exact. The DRAM latencies
+are checked against a second DRAM, the Amaranth simulator's memory model answering at once.
 """
 
 import os
@@ -15,7 +16,9 @@ import pytest
 
 from hw.config import NPUConfig
 from hw.isa import PERF_COUNTERS, Opcode
+from sim import amaranth_sim
 from sw import codec
+from sw.compiler import compile_gemm
 from sw.driver import prepare_gemm, reference_gemm, run_jobs
 from sw.errors import NPUValueError
 from sw.timing import READ_LATENCY, WRITE_RESPONSE_LATENCY, predict, predict_gemm
@@ -134,6 +137,21 @@ def test_model_takes_the_dram_latencies():
                                   ("read_latency", 3.0, "at least 2, not 3.0")):
         with pytest.raises(NPUValueError, match=match):
             predict(config, words, 0x40, **{keyword: value})
+
+
+@pytest.mark.parametrize("name, bus_width, shape", [
+    ("3x5", 128, (9, 11, 17)), ("4x4", 32, (16, 16, 16))])
+def test_model_equals_the_amaranth_npu_with_an_instant_dram(name, bus_width, shape):
+    """A second DRAM: the whole NPU in Amaranth's simulator with a memory model that accepts
+    and answers at once (first beat two cycles after the grant, response one cycle after the
+    last beat) takes the cycles of the model with read_latency=2, write_response_latency=1."""
+    config = NPUConfig.from_name(name, bus_width=bus_width)
+    program = compile_gemm(config, *shape, a_addr=0x10000, b_addr=0x20000, c_addr=0x30000)
+    (outcome,), _ = amaranth_sim.run_jobs(
+        [amaranth_sim.Job(program.words, prog_addr=0x1000)], config=config, seed=1,
+        timeout_cycles=10_000, ready_probability=1.0, max_latency=0)
+    assert outcome.cycles == predict(config, program.words, 0x1000, read_latency=2,
+                                     write_response_latency=1).cycles
 
 
 def test_model_rejects_what_it_does_not_cover():

@@ -1,24 +1,29 @@
-"""Shared helpers of the Amaranth-simulator unit tests: running a simulation, an AXI4 slave
-memory model and an AXI4-Lite master.
+"""Simulating the gateware in Amaranth's simulator: running a simulation, an AXI4 slave
+memory model, an AXI4-Lite master, and programs on the whole NPU (:func:`run_jobs`).
 
-Waveforms are written only when the environment has ``WAVES=1``, to ``build/waves/``.
-Every bus model here decides a handshake from the values sampled *at* the clock edge
-(``ctx.tick().sample(...)``), so it does not matter in which order testbenches run between
-two edges.
+The unit tests of every block use these, and so does ``npu bench`` for the Amaranth
+simulator's speed. Waveforms are written only when the environment has ``WAVES=1``, to
+``build/waves/``. Every bus model here decides a handshake from the values sampled *at* the
+clock edge (``ctx.tick().sample(...)``), so it does not matter in which order testbenches run
+between two edges.
 """
 
 import os
 import re
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from amaranth.sim import Simulator
 
 from hw.axi import Burst, Resp
+from hw.config import NPUConfig
+from hw.isa import INSTR_BYTES, Control, ErrorCode, Reg, Status
 
 
-__all__ = ["run_simulation", "wrap32", "AXI4MemoryModel", "axil_read", "axil_write"]
+__all__ = ["run_simulation", "wrap32", "AXI4MemoryModel", "axil_read", "axil_write", "Job",
+           "Outcome", "run_jobs"]
 
 
 WAVES_DIR = Path(__file__).resolve().parent.parent / "build" / "waves"
@@ -305,3 +310,99 @@ async def axil_read(ctx, bus, addr, *, timeout=64, expect_resp=Resp.OKAY):
                 f"AXI4-Lite read of {addr:#x} answered {Resp(rresp).name}"
             return rdata
     raise AssertionError(f"AXI4-Lite read of {addr:#x} got no data in {timeout} cycles")
+
+
+# ---------------------------------------------------------------------- the whole NPU
+@dataclass
+class Job:
+    """One program run: written to DRAM at ``prog_addr``, started, waited for."""
+    words: list
+    prog_addr: int
+    prog_len: int = None           # default: len(words)
+    data: list = field(default_factory=list)   # (addr, bytes) put in DRAM first
+    soft_reset_before: bool = False
+    soft_reset_after: int = None   # cycles after start: stop the program with a soft reset
+
+
+@dataclass
+class Outcome:
+    """The host registers and the DRAM writes after one :class:`Job`."""
+    status: int
+    error_pc: int
+    pc: int
+    cycles: int
+    irq: int
+    written: dict   # every DRAM byte the program wrote, address -> value
+    running_status: int   # STATUS read right after the start
+
+    @property
+    def code(self):
+        return ErrorCode((self.status >> Status.CODE_SHIFT) & 0xFF)
+
+
+def run_jobs(jobs, *, config, seed, timeout_cycles, read_errors=(), write_errors=(),
+             **timing):
+    """Run ``jobs`` one after another on one :class:`hw.top.NPU` of ``config``, with
+    :class:`AXI4MemoryModel` as DRAM and the host on AXI4-Lite; returns ``(outcomes, model)``.
+
+    ``seed``, ``read_errors``, ``write_errors`` and ``timing`` (``ready_probability``,
+    ``max_latency``) go to the memory model. Raises ``AssertionError`` if a program does not
+    raise ``irq`` within ``timeout_cycles`` (or stay busy that long after a soft reset).
+    """
+    from hw.top import NPU
+
+    if not isinstance(config, NPUConfig):
+        raise TypeError(f"config must be an NPUConfig, not {config!r}")
+    dut = NPU(config)
+    model = AXI4MemoryModel(dut.m_axi, data_width=config.bus_width, seed=seed,
+                            read_errors=read_errors, write_errors=write_errors, **timing)
+    outcomes = []
+
+    async def host(ctx):
+        bus = dut.s_axil
+        for job in jobs:
+            if job.soft_reset_before:
+                await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
+                for _ in range(3):
+                    await ctx.tick()
+                assert ctx.get(dut.irq) == 0, "irq still high after a soft reset"
+                assert await axil_read(ctx, bus, Reg.STATUS) == 0, "STATUS after soft reset"
+            model.load(job.prog_addr & ~0xF,
+                       b"".join(word.to_bytes(INSTR_BYTES, "little") for word in job.words))
+            for addr, data in job.data:
+                model.load(addr, data)
+            prog_len = len(job.words) if job.prog_len is None else job.prog_len
+            model.written = {}
+            await axil_write(ctx, bus, Reg.PROG_ADDR, job.prog_addr)
+            await axil_write(ctx, bus, Reg.PROG_LEN, prog_len)
+            await axil_write(ctx, bus, Reg.CONTROL, Control.START)
+            running_status = await axil_read(ctx, bus, Reg.STATUS)
+            if job.soft_reset_after is not None:
+                for _ in range(job.soft_reset_after):
+                    await ctx.tick()
+                await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
+                for _ in range(timeout_cycles // 8):
+                    if not await axil_read(ctx, bus, Reg.STATUS) & Status.BUSY:
+                        break
+                else:
+                    raise AssertionError(f"seed {seed}: still busy after a soft reset")
+            else:
+                # The start edge cleared done and error, so irq now belongs to this program.
+                for _ in range(timeout_cycles):
+                    _, _, irq = await ctx.tick().sample(dut.irq)
+                    if irq:
+                        break
+                else:
+                    raise AssertionError(f"seed {seed}: no irq within {timeout_cycles} cycles "
+                                         f"(PC {await axil_read(ctx, bus, Reg.PC)})")
+            status = await axil_read(ctx, bus, Reg.STATUS)
+            error_pc = await axil_read(ctx, bus, Reg.ERROR_PC)
+            pc = await axil_read(ctx, bus, Reg.PC)
+            cycles = await axil_read(ctx, bus, Reg.CYCLES_LO)
+            cycles |= await axil_read(ctx, bus, Reg.CYCLES_HI) << 32
+            # irq stays high until the next start or soft reset.
+            outcomes.append(Outcome(status, error_pc, pc, cycles, ctx.get(dut.irq),
+                                    dict(model.written), running_status))
+
+    run_simulation(dut, host, processes=[model.process])
+    return outcomes, model

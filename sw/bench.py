@@ -1,32 +1,38 @@
-"""``make bench``: the utilization sweep from the hardware's counters, and simulator speed.
+"""``npu bench`` (``make bench``): the utilization sweep from the hardware's counters, and
+simulator speed.
 
 Runs GEMMs under Verilator, reads the cycle and performance counters, and writes
 ``docs/performance.md`` (shape, config, RTL cycles, the cycle model's prediction
 (:mod:`sw.timing`), utilization, the mapping ceiling, SCALE-Sim's weight-stationary figure)
-and ``docs/utilization.png`` (utilization against M). It then measures simulated cycles per wall-clock second of a
-compute-bound GEMM under Verilator, Icarus and Amaranth's simulator.
+and ``docs/utilization.png`` (utilization against M). It then measures simulated cycles per
+wall-clock second of a compute-bound GEMM under Verilator, Icarus and Amaranth's simulator.
 
-    python -m sim.perf_bench [--quick] [--out docs/performance.md]
+    npu bench [--quick] [--out docs/performance.md] [--no-speed]
+    python -m sw.bench [--quick] [--out docs/performance.md] [--no-speed]
 
-Every GEMM is checked bit-exactly against numpy; a mismatch stops the benchmark. So does a
-cycle model that disagrees with a counter of the RTL.
+Every GEMM is checked bit-exactly against numpy; a mismatch stops the benchmark
+(:class:`BenchMismatch`). So does a cycle model that disagrees with a counter of the RTL.
 """
 
-import argparse
 import datetime
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from hw.config import NPUConfig
-from sw.compiler import scalesim_cycles
-from sw.driver import gemm_batch, reference_gemm
-from sw.timing import predict_gemm
+from .compiler import compile_gemm, scalesim_cycles
+from .driver import gemm_batch, reference_gemm
+from .errors import BackendUnavailable, NPUError
+from .timing import predict_gemm
 
 
-__all__ = ["main"]
+__all__ = ["BenchMismatch", "SWEEP", "QUICK_SWEEP", "run_sweep", "plot", "simulator_speed",
+           "rtl_speed", "amaranth_speed", "write_report", "run", "main"]
+
+
+class BenchMismatch(NPUError, AssertionError):
+    """A GEMM of the benchmark was not bit-exact, or the cycle model disagreed with the RTL."""
 
 
 SEED = 20261202
@@ -58,14 +64,14 @@ def run_sweep(sweep):
         results = gemm_batch(pairs, config=config, sim="verilator")
         for (m, k, n), (a, b), result in zip(shapes, pairs, results):
             if not np.array_equal(result.c, reference_gemm(a, b)):
-                sys.exit(f"{m}x{k}x{n} on {name}: not bit-exact (seed {SEED})")
+                raise BenchMismatch(f"{m}x{k}x{n} on {name}: not bit-exact (seed {SEED})")
             pes = config.rows * config.cols
             plan = result.plan
             scalesim = scalesim_cycles(config, m, k, n)
             model = predict_gemm(config, m, k, n)
             if model.perf != result.perf:
-                sys.exit(f"{m}x{k}x{n} on {name}: the cycle model predicts {model.perf}, the "
-                         f"RTL counted {result.perf}")
+                raise BenchMismatch(f"{m}x{k}x{n} on {name}: the cycle model predicts "
+                                    f"{model.perf}, the RTL counted {result.perf}")
             rows.append(dict(
                 m=m, k=k, n=n, config=name, bus=bus_width, cycles=result.cycles,
                 model=model.cycles,
@@ -96,45 +102,60 @@ def plot(rows, path):
     figure.savefig(path, dpi=120)
 
 
+#: The GEMMs whose simulator speed is measured on 8x8, a short and a long one each: Icarus
+#: runs far slower, so it gets smaller ones.
+SPEED_SHAPES = {
+    "verilator": ((64, 256, 256), (256, 256, 256)),
+    "icarus": ((8, 64, 64), (64, 64, 64)),
+}
+#: Rows of A in the Amaranth simulator's two GEMMs (K = N = 32).
+AMARANTH_SPEED_ROWS = (8, 32)
+
+
 def simulator_speed():
     """Simulated cycles per wall-clock second of GEMMs on 8x8: end to end (the cached
     simulator build excluded; its start and the test bench included), and in the steady
-    state (the difference of a long and a short run, so without the start)."""
+    state (the difference of a long and a short run, so without the start).
+
+    Returns ``[(simulator, [((m, k, n), cycles, wall seconds), ...]), ...]``, the short run
+    first."""
     config = NPUConfig.from_name("8x8")
     rng = np.random.default_rng(SEED)
-    speeds = []
-    for sim, shapes in (("verilator", ((64, 256, 256), (256, 256, 256))),
-                        ("icarus", ((8, 64, 64), (64, 64, 64)))):
-        runs = []
-        for shape in shapes:
-            pair = _operands(rng, *shape)
-            gemm_batch([pair], config=config, sim=sim)      # build (cached) and warm up
-            start = time.perf_counter()
-            (result,) = gemm_batch([pair], config=config, sim=sim)
-            runs.append((shape, result.cycles, time.perf_counter() - start))
-        speeds.append((sim, runs))
-    speeds.append(("amaranth", [_amaranth_speed(config, rng, m) for m in (8, 32)]))
+    speeds = [(sim, [rtl_speed(config, sim, _operands(rng, *shape)) for shape in shapes])
+              for sim, shapes in SPEED_SHAPES.items()]
+    speeds.append(("amaranth", [amaranth_speed(config, rng, m) for m in AMARANTH_SPEED_ROWS]))
     return speeds
 
 
-def _amaranth_speed(config, rng, m):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tb"))
-    from test_controller import Job, run_jobs
-    from sw.compiler import compile_gemm
+def rtl_speed(config, sim, pair):
+    """One GEMM of ``pair = (A, B)`` on the RTL simulator ``sim``, timed after a first run
+    that builds (or finds the cached build) and warms up: ``((m, k, n), cycles, seconds)``."""
+    gemm_batch([pair], config=config, sim=sim)
+    start = time.perf_counter()
+    (result,) = gemm_batch([pair], config=config, sim=sim)
+    wall = time.perf_counter() - start
+    a, b = pair
+    return ((*a.shape, b.shape[1]), result.cycles, wall)
 
-    k, n = 32, 32
+
+def amaranth_speed(config, rng, m, k=32, n=32):
+    """One ``m x k x n`` GEMM on the whole NPU in Amaranth's simulator, with the DRAM answering
+    at once (:func:`sim.amaranth_sim.run_jobs`): ``((m, k, n), cycles, seconds)``."""
+    from sim.amaranth_sim import Job, run_jobs
+
     a, b = _operands(rng, m, k, n)
     a_addr, b_addr, c_addr = 0x10000, 0x20000, 0x30000
     program = compile_gemm(config, m, k, n, a_addr=a_addr, b_addr=b_addr, c_addr=c_addr)
     job = Job(program.words, prog_addr=0x1000,
               data=[(a_addr, a.tobytes()), (b_addr, b.tobytes())])
     start = time.perf_counter()
-    (outcome,), model = run_jobs([job], seed=SEED, config=config, ready_probability=1.0,
-                                 max_latency=0)
+    (outcome,), model = run_jobs([job], config=config, seed=SEED, timeout_cycles=1 << 20,
+                                 ready_probability=1.0, max_latency=0)
     wall = time.perf_counter() - start
     c = np.frombuffer(bytes(model.peek(c_addr, 4 * m * n)), dtype="<i4").reshape(m, n)
     if not np.array_equal(c, reference_gemm(a, b)):
-        sys.exit("Amaranth simulation: not bit-exact")
+        raise BenchMismatch(f"{m}x{k}x{n} in Amaranth's simulator: not bit-exact "
+                            f"(seed {SEED})")
     return ((m, k, n), outcome.cycles, wall)
 
 
@@ -142,7 +163,7 @@ def write_report(rows, speeds, path, plot_path):
     lines = [
         "# Performance",
         "",
-        "Written by `make bench` (`python -m sim.perf_bench`) on "
+        "Written by `make bench` (`npu bench`) on "
         f"{datetime.date.today().isoformat()}; seed {SEED}. Every figure comes from the "
         "hardware's own counters in Verilator simulation (`CYCLES` and `PERF_*`: start to "
         "done, instruction fetch and DMA included), with cocotbext-axi's AXI4 slave models "
@@ -193,7 +214,7 @@ def write_report(rows, speeds, path, plot_path):
         "extra wall time, which leaves the start out. Verilator and Icarus run the cocotb "
         "bench with cocotbext-axi's AXI4 slave models as DRAM (sim/bench.py); Amaranth's "
         "simulator runs the controller, DMA and memories with the Python AXI4 memory model of "
-        "tb/amaranth_sim.py. One run each on the shared 2-core machine: expect a spread.",
+        "sim/amaranth_sim.py. One run each on the shared 2-core machine: expect a spread.",
         "",
         "| simulator | GEMMs | cycles | wall time | end to end (longer GEMM) | steady state |",
         "|---|---|---|---|---|---|",
@@ -226,19 +247,29 @@ def write_report(rows, speeds, path, plot_path):
     path.write_text("\n".join(lines))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sim.perf_bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a small sweep, for a check")
-    parser.add_argument("--out", default="docs/performance.md", type=Path)
-    parser.add_argument("--no-speed", action="store_true", help="skip the simulator speeds")
-    arguments = parser.parse_args(argv)
-    rows = run_sweep(QUICK_SWEEP if arguments.quick else SWEEP)
-    plot_path = arguments.out.with_name("utilization.png")
+def run(out, *, quick=False, speed=True):
+    """The whole benchmark: the sweep (:data:`QUICK_SWEEP` if ``quick``), its plot next to
+    ``out`` (a :class:`pathlib.Path`), the simulator speeds unless ``speed`` is false, and
+    the report in ``out``."""
+    try:
+        import matplotlib   # noqa: F401  (asked for now, not after minutes of simulation)
+    except ModuleNotFoundError:
+        raise BackendUnavailable("npu bench draws its plot with matplotlib, which is not "
+                                 "installed: pip install -e '.[bench]' (make bench does)") \
+            from None
+    rows = run_sweep(QUICK_SWEEP if quick else SWEEP)
+    plot_path = out.with_name("utilization.png")
     plot(rows, plot_path)
-    speeds = [] if arguments.no_speed else simulator_speed()
-    write_report(rows, speeds, arguments.out, plot_path)
-    print(f"wrote {arguments.out} and {plot_path}")
+    speeds = simulator_speed() if speed else []
+    write_report(rows, speeds, out, plot_path)
+    print(f"wrote {out} and {plot_path}")
+
+
+def main(argv=None):
+    """``python -m sw.bench [...]``: the same as ``npu bench [...]``."""
+    from .cli import main as cli_main
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
