@@ -263,11 +263,20 @@ def _operands(arguments):
 
 
 def _run_gemm(arguments):
+    from dataclasses import replace
     from .driver import gemm, reference_gemm
+    from .timing import predict_gemm
 
     config = _config_from(arguments)
     a, b, seed = _operands(arguments)
     result = gemm(a, b, config=config, sim=arguments.sim, schedule=arguments.schedule)
+    m, k = a.shape
+    n = b.shape[1]
+    predicted = arguments.sim == "model"
+    if predicted:
+        # The model has no clock; the cycle model gives the RTL's cycles and counters exactly.
+        timing = predict_gemm(config, m, k, n, schedule=arguments.schedule)
+        result = replace(result, cycles=timing.cycles, perf=timing.perf)
     expected = reference_gemm(a, b)
     mismatches = int(np.count_nonzero(result.c != expected))
     bit_exact = mismatches == 0
@@ -278,13 +287,12 @@ def _run_gemm(arguments):
             raise NPUValueError(f"--out {arguments.out}: cannot write ({error})") from None
 
     plan = result.plan
-    m, k = a.shape
-    n = b.shape[1]
     report = {
         "m": m, "k": k, "n": n, "rows": config.rows, "cols": config.cols,
         "config": config.name, "spad_depth": config.spad_depth,
         "acc_depth": config.acc_depth, "sim": arguments.sim, "bit_exact": bit_exact,
-        "mismatches": mismatches, "cycles": result.cycles, "macs": result.macs,
+        "mismatches": mismatches, "cycles": result.cycles, "cycles_predicted": predicted,
+        "macs": result.macs,
         "utilization": result.utilization, "weight_tiles": plan.weight_tiles,
         "k_tiles": plan.k_tiles, "n_tiles": plan.n_tiles, "m_blocks": plan.m_blocks,
         "block_rows": plan.block_rows, "schedule": plan.schedule,
@@ -298,16 +306,14 @@ def _run_gemm(arguments):
         print(json.dumps(report))
     else:
         source = f"seed {seed}" if seed is not None else f"{arguments.a}, {arguments.b}"
-        cycles = "n/a (the model counts no cycles)" if result.cycles is None \
-            else str(result.cycles)
-        utilization = "n/a" if result.utilization is None else f"{result.utilization:.1%}"
+        marker = " (predicted by the cycle model)" if predicted else ""
         print(f"gemm {m}x{k} @ {k}x{n} -> {m}x{n} int32 ({source})\n"
               f"config {config.name} (scratchpad {config.spad_depth} rows, accumulator "
               f"{config.acc_depth} rows), sim {arguments.sim}\n"
               f"bit-exact: {'yes' if bit_exact else f'NO, {mismatches} elements differ'}\n"
-              f"cycles: {cycles}\n"
-              f"utilization: {utilization} of {config.rows * config.cols} PEs "
-              f"({result.macs} MACs)\n"
+              f"cycles: {result.cycles}{marker}\n"
+              f"utilization: {result.utilization:.1%} of {config.rows * config.cols} PEs "
+              f"({result.macs} MACs){', predicted' if predicted else ''}\n"
               f"instructions executed: {result.instructions}\n"
               f"{plan.summary()}")
     if not bit_exact:

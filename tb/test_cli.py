@@ -7,11 +7,13 @@ import types
 import numpy as np
 import pytest
 
-from hw.config import MAX_K
+from hw.config import MAX_K, NPUConfig
+from hw.isa import PERF_COUNTERS
 from sim.result import RunResult
 from sw import backend
 from sw.cli import main
 from sw.driver import reference_gemm
+from sw.timing import predict_gemm
 
 
 def one_at_a_time(run_program):
@@ -47,13 +49,16 @@ def test_gemm_json(capsys):
                                "--config", "3x5", "--sim", "model", "--seed", "4", "--json")
     assert status == 0, err
     report = json.loads(out)
-    assert JSON_KEYS <= set(report)
+    assert JSON_KEYS | {"cycles_predicted", "counters"} <= set(report)
     assert (report["m"], report["k"], report["n"]) == (13, 29, 7)
     assert (report["rows"], report["cols"]) == (3, 5)
     assert report["sim"] == "model" and report["seed"] == 4
     assert report["bit_exact"] is True
     assert report["macs"] == 13 * 29 * 7
-    assert report["cycles"] is None and report["utilization"] is None
+    timing = predict_gemm(NPUConfig.from_name("3x5"), 13, 29, 7)
+    assert report["cycles"] == timing.cycles and report["cycles_predicted"] is True
+    assert report["counters"] == timing.perf
+    assert report["utilization"] == 13 * 29 * 7 / (timing.cycles * 15)
     assert report["weight_tiles"] == 10 * 2
     assert report["instructions"] > 0
     assert out.count("\n") == 1          # exactly one JSON object
@@ -88,9 +93,56 @@ def test_gemm_readable_summary(capsys):
                                "--sim", "model", "--config", "4x4")
     assert status == 0, err
     assert err == ""
-    for text in ("20x17 @ 17x9", "config 4x4", "sim model", "bit-exact: yes", "cycles:",
-                 "utilization:", "15 weight tiles"):
+    for text in ("20x17 @ 17x9", "config 4x4", "sim model", "bit-exact: yes",
+                 "15 weight tiles"):
         assert text in out, out
+    cycles = predict_gemm(NPUConfig.from_name("4x4"), 20, 17, 9).cycles
+    lines = out.splitlines()
+    assert f"cycles: {cycles} (predicted by the cycle model)" in lines
+    assert (f"utilization: {20 * 17 * 9 / (cycles * 16):.1%} of 16 PEs (3060 MACs), "
+            f"predicted") in lines
+
+
+@pytest.mark.parametrize("config, bus_width, schedule", [
+    ("8x8", "64", "auto"), ("5x7", "128", "resident"), ("1x1", "32", "streaming"),
+    ("4x4", "32", "overlap")])
+def test_gemm_on_the_model_predicts_cycles_and_counters(capsys, config, bus_width, schedule):
+    """Exactly the cycle model's figures for the program the driver ran: same config, bus,
+    schedule."""
+    status, out, err = run_cli(capsys, "gemm", "--m", "37", "--k", "53", "--n", "29",
+                               "--config", config, "--bus-width", bus_width, "--schedule",
+                               schedule, "--sim", "model", "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    timing = predict_gemm(NPUConfig.from_name(config, bus_width=int(bus_width)), 37, 53, 29,
+                          schedule=schedule)
+    assert (report["cycles"], report["counters"]) == (timing.cycles, timing.perf)
+    assert list(report["counters"]) == [*PERF_COUNTERS, "cycles"]
+
+
+def test_gemm_json_keys_are_those_of_the_rtl(monkeypatch, capsys):
+    """The model's report has the keys of an RTL backend's, which reports measured cycles."""
+    argv = ["gemm", "--m", "9", "--k", "9", "--n", "9", "--config", "4x4", "--json"]
+    status, out, err = run_cli(capsys, *argv, "--sim", "model")
+    assert status == 0, err
+    model = json.loads(out)
+    run_on_model = backend.run_program
+
+    def rtl_run_program(config, sim, dram, prog_addr, prog_len):
+        result = run_on_model(config, "model", dram, prog_addr, prog_len)
+        result.cycles = 1000
+        result.perf = dict.fromkeys([*PERF_COUNTERS, "cycles"], 7)
+        return result
+
+    monkeypatch.setattr(backend, "run_programs", one_at_a_time(rtl_run_program))
+    status, out, err = run_cli(capsys, *argv, "--sim", "verilator")
+    assert status == 0, err
+    rtl = json.loads(out)
+    assert set(rtl) == set(model)
+    assert set(rtl["counters"]) == set(model["counters"])
+    assert (rtl["cycles"], rtl["cycles_predicted"], rtl["counters"]["stall_load"]) == \
+        (1000, False, 7)
+    assert model["cycles_predicted"] is True
 
 
 def test_gemm_memory_depth_options(capsys):
