@@ -35,6 +35,16 @@ def _import_rtl_runner():
     return rtl_run
 
 
+def _run_rtl(config, sim, programs):
+    rtl_run = _import_rtl_runner()
+    from sim.toolchain import SimulatorMissing, setup
+    try:
+        setup(sim)       # before the runner makes its job folder and starts cocotb
+        return rtl_run(config, sim, programs)
+    except SimulatorMissing as error:
+        raise BackendUnavailable(str(error)) from error
+
+
 def run_program(config, sim, dram, prog_addr, prog_len):
     """Run the program at ``prog_addr`` in ``dram`` on the backend named ``sim``.
 
@@ -54,6 +64,12 @@ def run_program(config, sim, dram, prog_addr, prog_len):
     Returns
     -------
     RunResult
+
+    Raises
+    ------
+    sw.errors.BackendUnavailable
+        If ``sim`` is an RTL simulator that is not installed (the message says how to
+        install it), or ``sim.runner`` is missing.
     """
     if sim == "model":
         from .model import ModelNPU
@@ -72,5 +88,5 @@ def run_programs(config, sim, programs):
         return [ModelNPU(config).run(dram, prog_addr, prog_len)
                 for dram, prog_addr, prog_len in programs]
     if sim in ("verilator", "icarus"):
-        return _import_rtl_runner()(config, sim, programs)
+        return _run_rtl(config, sim, programs)
     raise NPUValueError(f"sim must be one of {', '.join(SIMULATORS)}, not {sim!r}")

@@ -215,6 +215,23 @@ def test_missing_rtl_backend_exits_1(monkeypatch, capsys):
     assert_one_line_error(status, out, err, 1, "not available")
 
 
+@pytest.mark.parametrize("command", ["gemm", "qgemm"])
+def test_missing_icarus_exits_1_with_one_line(monkeypatch, capsys, command):
+    """Without iverilog on PATH: sim.toolchain's message, alone, and no simulation started."""
+    from sim import runner, toolchain
+
+    def no_simulation(*arguments, **keywords):
+        raise AssertionError("the RTL runner ran without Icarus")
+
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
+    monkeypatch.setattr(runner, "run_programs", no_simulation)
+    status, out, err = run_cli(capsys, command, "--m", "2", "--k", "2", "--n", "2",
+                               "--sim", "icarus")
+    assert (status, out) == (1, "")
+    assert err == ("npu: error: Icarus Verilog is not installed: run 'sudo apt-get install -y "
+                   "iverilog' (Debian/Ubuntu)\n")
+
+
 # Bad input ------------------------------------------------------------------------------------
 
 def save(tmp_path, name, array):

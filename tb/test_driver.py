@@ -272,3 +272,12 @@ def test_missing_rtl_backend(monkeypatch):
     monkeypatch.setitem(sys.modules, "sim.runner", None)
     with pytest.raises(BackendUnavailable, match="sim.runner"):
         gemm(GOOD_A, GOOD_B, sim="icarus")
+
+
+def test_missing_simulator(monkeypatch):
+    """A simulator that is not installed is BackendUnavailable, saying how to install it."""
+    from sim import toolchain
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
+    with pytest.raises(BackendUnavailable, match="Icarus Verilog is not installed: run 'sudo "
+                                                 "apt-get install -y iverilog'"):
+        gemm(GOOD_A, GOOD_B, sim="icarus")
