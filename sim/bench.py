@@ -1,49 +1,62 @@
 """The cocotb test bench of the NPU top level: DRAM, host and clock around the DUT.
 
 In the shape of cocotbext-axi's and taxi's benches: a :class:`TB` owns the clock, the reset
-and the bus models (cocotbext-axi's slave models as DRAM on ``m_axi_*``, ``AxiLiteMaster`` as
-the host on ``s_axil_*``), and the tests are plain ``async def`` functions that use it.
+and the bus models (``AxiLiteMaster`` as the host on ``s_axil_*``; the DRAM), and the tests
+are plain ``async def`` functions that use it.
+
+The DRAM is one of two independent models with one interface, chosen by ``NPU_DRAM``:
+
+* ``hdl`` (the default): :class:`HDLDramModel`, the AXI4 slave memory inside the simulated
+  hardware (:mod:`sim.dram`). Python touches it only between programs, through files
+  (``$readmemh``/``$writememh``), so while the NPU runs no Python runs at all: the clock is
+  cocotb's C++ clock and the bench sleeps until the interrupt.
+* ``cocotbext``: :class:`Dram`, cocotbext-axi's slave models on ``m_axi_*``, woken for every
+  beat (about 50 times slower); the second opinion that ``tb/test_dram_models.py`` holds the
+  first to.
 
 Three things every test gets for free:
 
 * the AXI4 protocol checker built into the simulated top level (:mod:`sim.axi_checker`) is
   watched by :class:`AxiCheck`, and its first violation fails the test with a clear message;
-* with ``NPU_BACKPRESSURE=<seed>`` in the environment, :class:`Backpressure` pauses all five
+* with ``NPU_BACKPRESSURE=<seed>`` in the environment, :class:`Backpressure` stalls all five
   AXI4 channels of the DRAM and all five AXI4-Lite channels of the host at random, and the
-  DRAM answers with random latency; results must stay bit-exact;
-* the DRAM (:class:`Dram`) answers a beat outside its size SLVERR, can be told to answer
-  chosen addresses SLVERR or DECERR (:meth:`Dram.inject_fault`), and can log every write.
+  DRAM answers with random extra latency; results must stay bit-exact;
+* the DRAM answers a beat outside its size SLVERR, can be told to answer chosen addresses
+  SLVERR or DECERR (``inject_fault``), and can log the bytes written (``record_writes``).
 """
 
-import json
 import logging
 import os
 import random
+from pathlib import Path
 
 import cocotb
+import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.triggers import (ClockCycles, FallingEdge, ReadOnly, RisingEdge, SimTimeoutError,
+                             with_timeout)
 from cocotbext.axi import (AxiBus, AxiLiteBus, AxiLiteMaster, AxiResp, AxiSlaveRead,
                            AxiSlaveWrite)
 from cocotbext.axi.memory import Memory
 
 from hw.config import NPUConfig
-from hw.isa import MAGIC, Control, ErrorCode, Reg, Status
+from hw.isa import MAGIC, PERF_COUNTERS, Control, ErrorCode, Reg, Status
+from . import dram as hdl_dram
 from .axi_checker import RULE_TEXT, Rule
+from .bench_top import CLOCK_NS, DRAM_MODELS, dram_from_env
 
 
-__all__ = ["TB", "Dram", "AxiCheck", "Backpressure", "ProgramOutcome", "ProgramHang",
-           "config_from_env", "backpressure_from_env"]
+__all__ = ["TB", "Dram", "HDLDramModel", "AxiCheck", "Backpressure", "ProgramOutcome",
+           "ProgramHang", "DRAM_MODELS", "config_from_env", "backpressure_from_env",
+           "dram_from_env"]
 
-
-CLOCK_NS = 10
 #: The poison a faulted read beat carries instead of data.
 FAULT_POISON = 0xEE
 
 
 def config_from_env():
     """The :class:`NPUConfig` the runner built this simulation for."""
-    return NPUConfig(**json.loads(os.environ["NPU_CONFIG"]))
+    return NPUConfig.from_json(os.environ["NPU_CONFIG"])
 
 
 def backpressure_from_env():
@@ -78,15 +91,19 @@ class Backpressure:
         self.max_latency = max_latency
         self._latency_rng = random.Random(f"{seed}/latency")
 
-    def pauses(self, channel):
-        """An endless pause generator for ``channel`` (a name: the seed of its pattern)."""
+    def _shares(self, channel):
         rng = random.Random(f"{self.seed}/{channel}")
         stalled_share = rng.uniform(0.1, 0.6)
         mean_pause = (1 + self.max_pause) / 2
         mean_free = mean_pause * (1 - stalled_share) / stalled_share
+        return rng, max(1, int(2 * mean_free))
+
+    def pauses(self, channel):
+        """An endless pause generator for ``channel`` (a name: the seed of its pattern)."""
+        rng, free_max = self._shares(channel)
         while True:
             # At least one free cycle between pauses, so no stall lasts past max_pause.
-            for _ in range(rng.randint(1, max(1, int(2 * mean_free)))):
+            for _ in range(rng.randint(1, free_max)):
                 yield False
             for _ in range(rng.randint(1, self.max_pause)):
                 yield True
@@ -97,16 +114,34 @@ class Backpressure:
             return 0
         return self._latency_rng.randint(1, self.max_latency)
 
-    def apply(self, dram, host):
-        """Pause all five AXI4 channels of ``dram`` and all five of the AXI4-Lite ``host``."""
+    def host_channels(self, host):
+        """The pause generators of the AXI4-Lite ``host``'s five channels, by channel."""
+        channels = {
+            "host.aw": host.write_if.aw_channel, "host.w": host.write_if.w_channel,
+            "host.b": host.write_if.b_channel, "host.ar": host.read_if.ar_channel,
+            "host.r": host.read_if.r_channel,
+        }
+        return {channel: self.pauses(name) for name, channel in channels.items()}
+
+    def apply(self, dram):
+        """Stall all five AXI4 channels of ``dram`` and add latency to its accesses.
+
+        On :class:`HDLDramModel` the same kind of pattern (the shares of stalled cycles drawn
+        per channel from this seed, runs of ``1..max_pause``) is made by generators in the
+        hardware; on :class:`Dram` by cocotbext-axi's pause generators, one coroutine a
+        channel.
+        """
+        if isinstance(dram, HDLDramModel):
+            dram.set_backpressure(
+                seed=random.Random(f"{self.seed}/dram").getrandbits(32),
+                free_max=[self._shares(f"dram.{name}")[1] for name in hdl_dram.CHANNELS],
+                pause_max=self.max_pause, latency_max=self.max_latency)
+            return
         dram.latency = self.latency
         channels = {
             "dram.aw": dram.write_if.aw_channel, "dram.w": dram.write_if.w_channel,
             "dram.b": dram.write_if.b_channel, "dram.ar": dram.read_if.ar_channel,
             "dram.r": dram.read_if.r_channel,
-            "host.aw": host.write_if.aw_channel, "host.w": host.write_if.w_channel,
-            "host.b": host.write_if.b_channel, "host.ar": host.read_if.ar_channel,
-            "host.r": host.read_if.r_channel,
         }
         for name, channel in channels.items():
             channel.set_pause_generator(self.pauses(name))
@@ -224,6 +259,168 @@ class Dram(Memory):
         """Start (or restart) the log of writes in :attr:`writes`."""
         self.writes = []
 
+    async def flush(self):
+        """Nothing to do: the model answers from :attr:`mem` itself (see :class:`HDLDramModel`)."""
+
+    async def fetch(self):
+        """Nothing to do: writes land in :attr:`mem` as they happen."""
+
+
+class HDLDramModel:
+    """The DRAM in the simulated hardware (:class:`sim.dram.HDLDram`), from the bench's side.
+
+    It has :class:`Dram`'s interface. The bench keeps a copy of the memory in Python
+    (:attr:`image`, the first :attr:`size` bytes): :meth:`write` and :meth:`read` work on the
+    copy; :meth:`flush` hands a changed copy to the hardware in one ``$readmemh`` (and sets its
+    size and fault ranges), :meth:`fetch` takes the hardware's memory back in one
+    ``$writememh``. :meth:`TB.start` flushes, :meth:`TB.outcome` fetches, so a test that reads
+    the DRAM while a program runs fetches first.
+
+    Parameters
+    ----------
+    dut : the simulated top level
+    size : int
+        Bytes answered; a beat past them is answered SLVERR (at most :data:`sim.dram.DRAM_BYTES`).
+    bus_bytes : int
+
+    Attributes
+    ----------
+    writes : list of ``(address, length)`` or None
+        After :meth:`record_writes`: the runs of bytes written since, in address order (read
+        it after :meth:`fetch`). Unlike :class:`Dram`'s log of single writes, writes that
+        touch are one run.
+    """
+    def __init__(self, dut, size, bus_bytes):
+        if not 0 < size <= hdl_dram.DRAM_BYTES:
+            raise ValueError(f"the simulated DRAM holds {hdl_dram.DRAM_BYTES:,} bytes "
+                             f"(sim.dram.DRAM_BYTES); a bench of {size:,} bytes does not fit")
+        self.dut = dut
+        self.size = size
+        self.bus_bytes = bus_bytes
+        self.words = -(-size // bus_bytes)
+        self.image = np.zeros(self.words * bus_bytes, dtype=np.uint8)
+        self.read_faults = []
+        self.write_faults = []
+        self._log = None                     # the written bytes' mask, once recorded
+        self._clear_log = False
+        self._dirty = True                   # the copy differs from the hardware's memory
+        self._faults_dirty = True
+        control = {
+            "command": hdl_dram.Command.NONE.value, "words": self.words,
+            "size": size, "fault_lo": 0, "fault_hi": 0, "fault_kind": 0, "bp_enable": 0,
+            "bp_seed": 0, "bp_free_max": 0, "bp_pause_max": 0, "bp_latency_max": 0,
+        }
+        for name, value in control.items():
+            getattr(dut, f"dram_{name}").value = value
+
+    def set_backpressure(self, *, seed, free_max, pause_max, latency_max):
+        """Turn on the hardware's stall and latency generators (before the reset)."""
+        dut = self.dut
+        dut.dram_bp_enable.value = 1
+        dut.dram_bp_seed.value = seed
+        dut.dram_bp_free_max.value = sum(min(value, 0xFFFF) << (16 * index)
+                                         for index, value in enumerate(free_max))
+        dut.dram_bp_pause_max.value = pause_max
+        dut.dram_bp_latency_max.value = min(latency_max, 15)
+
+    def write(self, address, data):
+        data = np.frombuffer(bytes(data), dtype=np.uint8)
+        if address < 0 or address + len(data) > self.size:
+            raise IndexError(f"write of {len(data)} bytes at {address:#x} is outside the "
+                             f"DRAM's {self.size} bytes")
+        self.image[address:address + len(data)] = data
+        self._dirty = True
+
+    def read(self, address, length):
+        if address < 0 or address + length > self.size:
+            raise IndexError(f"read of {length} bytes at {address:#x} is outside the "
+                             f"DRAM's {self.size} bytes")
+        return self.image[address:address + length].tobytes()
+
+    def inject_fault(self, start, end, *, read=False, write=False, resp=AxiResp.SLVERR):
+        """Answer reads and/or writes that touch ``[start, end)`` with ``resp``."""
+        resp = AxiResp(resp)
+        if resp not in (AxiResp.SLVERR, AxiResp.DECERR):
+            raise ValueError(f"resp must be SLVERR or DECERR, not {resp!r}")
+        if not read and not write:
+            raise ValueError("inject_fault needs read=True, write=True or both")
+        if len(self.read_faults) + len(self.write_faults) >= hdl_dram.FAULT_RANGES:
+            raise ValueError(f"the simulated DRAM answers at most {hdl_dram.FAULT_RANGES} "
+                             f"fault ranges at once")
+        if read:
+            self.read_faults.append((start, end, resp))
+        if write:
+            self.write_faults.append((start, end, resp))
+        self._faults_dirty = True
+
+    def clear_faults(self):
+        self.read_faults.clear()
+        self.write_faults.clear()
+        self._faults_dirty = True
+
+    def record_writes(self):
+        """Start (or restart) the log of written bytes in :attr:`writes`."""
+        self._log = np.zeros(len(self.image), dtype=bool)
+        self._clear_log = True
+
+    @property
+    def writes(self):
+        if self._log is None:
+            return None
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], self._log.view(np.int8), [0]))))
+        return [(int(start), int(end - start)) for start, end in zip(edges[::2], edges[1::2])]
+
+    async def _command(self, command):
+        self.dut.dram_command.value = command.value
+        await RisingEdge(self.dut.clk)
+        self.dut.dram_command.value = hdl_dram.Command.NONE.value
+        # The command ran at that edge; the files are complete half a cycle later.
+        await FallingEdge(self.dut.clk)
+
+    async def flush(self):
+        """Hand the copy, the fault ranges and a fresh write log to the hardware if they
+        changed (the NPU must be idle)."""
+        if self._faults_dirty:
+            lo = hi = kind = 0
+            faults = ([(s, e, r, 0b01) for s, e, r in self.read_faults]
+                      + [(s, e, r, 0b10) for s, e, r in self.write_faults])
+            for index, (start, end, resp, which) in enumerate(faults):
+                lo |= start << (33 * index)
+                hi |= end << (33 * index)
+                kind |= (which << 2 | int(resp)) << (4 * index)
+            self.dut.dram_fault_lo.value = lo
+            self.dut.dram_fault_hi.value = hi
+            self.dut.dram_fault_kind.value = kind
+            self._faults_dirty = False
+        if self._dirty:
+            words = self.image.reshape(-1, self.bus_bytes)[:, ::-1]
+            text = words.tobytes().hex("\n", self.bus_bytes) + "\n"
+            Path(hdl_dram.LOAD_FILE).write_text(text)
+            await self._command(hdl_dram.Command.LOAD)
+            self._dirty = False
+        if self._clear_log:
+            await self._command(hdl_dram.Command.CLEAR_LOG)
+            self._clear_log = False
+
+    async def fetch(self):
+        """Take the hardware's memory (and write log) back into the copy."""
+        await self._command(hdl_dram.Command.DUMP)
+        self.image[:] = _read_memh(hdl_dram.DUMP_FILE, self.bus_bytes).reshape(-1)
+        if self._log is not None:
+            lines = Path(hdl_dram.WRITTEN_FILE).read_text().split()
+            masks = np.array([int(line, 16) for line in lines if not line.startswith("//")],
+                             dtype=np.uint32)
+            bits = (masks[:, None] >> np.arange(self.bus_bytes, dtype=np.uint32)) & 1
+            self._log = bits.astype(bool).reshape(-1)
+
+
+def _read_memh(path, width_bytes):
+    """The words of a ``$writememh`` file as ``uint8`` rows, least significant byte first."""
+    lines = [line for line in Path(path).read_text().split() if not line.startswith("//")]
+    digits = 2 * width_bytes
+    text = "".join(line.rjust(digits, "0") if len(line) != digits else line for line in lines)
+    return np.frombuffer(bytes.fromhex(text), dtype=np.uint8).reshape(-1, width_bytes)[:, ::-1]
+
 
 class AxiCheck:
     """The report of the AXI4 protocol checker in the simulated top level.
@@ -315,30 +512,50 @@ class TB:
     backpressure : int, optional
         Seed of :class:`Backpressure`; by default ``NPU_BACKPRESSURE`` (unset: none).
     """
-    def __init__(self, dut, dram_size, *, backpressure=None):
+    def __init__(self, dut, dram_size, *, backpressure=None, dram_model=None):
         self.dut = dut
         self.config = config_from_env()
         self.log = logging.getLogger("cocotb.tb")
         self.log.setLevel(logging.INFO)
         # Icarus leaves undriven inputs at Z; every input is driven from time zero.
         dut.rst.value = 1
-        self.clock = Clock(dut.clk, CLOCK_NS, unit="ns")
-        self.clock.start()
-        self.dram = Dram(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=dram_size)
+        # Under Verilator the main loop toggles the clock (sim/verilator/main.cpp); elsewhere
+        # cocotb's C++ clock: a Python clock would wake the interpreter twice a cycle.
+        self.clock = None
+        if not os.environ.get("NPU_CLOCK_HALF_STEPS"):
+            self.clock = Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi")
+            self.clock.start()
+        self.dram_model = dram_model or dram_from_env()
+        if self.dram_model == "hdl":
+            self.dram = HDLDramModel(dut, dram_size, self.config.bus_bytes)
+        else:
+            self.dram = Dram(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst,
+                             size=dram_size)
         self.host = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
         # The models log every burst at INFO and every faulted beat as a warning: thousands
         # of GEMMs and random programs would fill the log and slow the simulation down.
-        for model in (self.dram.write_if, self.dram.read_if, self.host.write_if,
-                      self.host.read_if):
+        models = [self.host.write_if, self.host.read_if]
+        if isinstance(self.dram, Dram):
+            models += [self.dram.write_if, self.dram.read_if]
+        for model in models:
             model.log.setLevel(logging.ERROR)
         if backpressure is None:
             backpressure = backpressure_from_env()
         self.backpressure = None
+        self._host_pauses = {}
         if backpressure is not None:
             self.backpressure = Backpressure(backpressure)
-            self.backpressure.apply(self.dram, self.host)
-            self.log.info("back-pressure on, seed %d", backpressure)
+            self.backpressure.apply(self.dram)
+            self._host_pauses = self.backpressure.host_channels(self.host)
+            self._pause_host(True)
+            self.log.info("back-pressure on, seed %d, %s DRAM", backpressure, self.dram_model)
         self.axi_check = AxiCheck(dut)
+
+    def _pause_host(self, on):
+        """Run the host's pause generators (``on``) or hold them where they are: each is a
+        coroutine woken every cycle, so they sleep while the bench waits for the NPU."""
+        for channel, pauses in self._host_pauses.items():
+            channel.set_pause_generator(pauses if on else None)
 
     async def reset(self):
         self.dut.rst.value = 1
@@ -355,6 +572,8 @@ class TB:
         await self.host.write_dword(reg, value)
 
     async def start(self, prog_addr, prog_len):
+        """Hand the DRAM's contents to its model and start the program."""
+        await self.dram.flush()
         await self.write_reg(Reg.PROG_ADDR, prog_addr)
         await self.write_reg(Reg.PROG_LEN, prog_len)
         await self.write_reg(Reg.CONTROL, Control.START)
@@ -367,21 +586,26 @@ class TB:
         """
         if self.dut.irq.value:
             return
+        self._pause_host(False)
         try:
             await with_timeout(RisingEdge(self.dut.irq), timeout_cycles * CLOCK_NS, "ns")
         except SimTimeoutError:
+            self._pause_host(True)
             status = await self.read_reg(Reg.STATUS)
             pc = await self.read_reg(Reg.PC)
             raise ProgramHang(f"no interrupt within {timeout_cycles} cycles: STATUS "
                               f"{status:#x}, PC {pc}") from None
+        self._pause_host(True)
 
     async def outcome(self):
+        """The status registers after a program ended; the DRAM's model holds its contents
+        again (:meth:`HDLDramModel.fetch`)."""
+        await self.dram.fetch()
         status = await self.read_reg(Reg.STATUS)
         error_pc = await self.read_reg(Reg.ERROR_PC)
         pc = await self.read_reg(Reg.PC)
         cycles = await self.read_reg(Reg.CYCLES_LO)
         cycles |= (await self.read_reg(Reg.CYCLES_HI)) << 32
-        from sw.backend import PERF_COUNTERS
         perf = {name: await self.read_reg(reg) for name, reg in PERF_COUNTERS.items()}
         perf["cycles"] = cycles
         self.axi_check.assert_clean()

@@ -1,59 +1,130 @@
-"""The top level of every RTL simulation: the NPU and the AXI4 protocol checker on its master.
+"""The top level of every RTL simulation: the NPU, its DRAM, and the AXI4 protocol checker.
 
-Its ports are the NPU's (``clk``, ``rst``, ``irq``, ``m_axi_*``, ``s_axil_*``) plus the
-checker's report, ``axi_check_error``, ``axi_check_rule``, ``axi_check_addr`` and
-``axi_check_cycle`` (see :class:`sim.axi_checker.AXI4Checker`), which the cocotb bench watches.
+Its ports are ``clk``, ``rst``, ``irq``, ``s_axil_*``, the checker's report
+(``axi_check_error``, ``axi_check_rule``, ``axi_check_addr``, ``axi_check_cycle``; see
+:class:`sim.axi_checker.AXI4Checker`), which the cocotb bench watches, and, by the DRAM the
+build is for (:data:`DRAM_MODELS`):
+
+* ``hdl``: the DRAM's controls ``dram_*`` (:class:`sim.dram.DramControlSignature`); the
+  NPU's AXI4 master goes to the DRAM in the simulated hardware (:class:`sim.dram.HDLDram`);
+* ``cocotbext``: the NPU's AXI4 master on ``m_axi_*``, where the bench's second, independent
+  DRAM model (cocotbext-axi) answers.
+
+The checker watches the master either way.
+
+Why the reset goes through a flip-flop: Amaranth writes every register's reset into the
+combinational logic that computes its next value, and Verilator evaluates all logic that
+depends on a top-level input each time an input changes, so with ``rst`` a top-level input
+the whole design was evaluated twice a cycle, on both clock edges (measured: three quarters of
+the run time). Registered inside, the reset reaches the design one cycle later, and its logic
+runs once, on the rising edge. For the same reason the ``hdl`` build has no ``m_axi_*``
+inputs at all.
 """
 
+import os
+
 from amaranth.back import verilog
-from amaranth.hdl import Module
+from amaranth.hdl import ClockDomain, Module, Signal
 from amaranth.lib import wiring
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 
 from hw.config import NPUConfig
 from hw.top import NPU, top_ports
 from .axi_checker import AXI4Checker, Rule
+from .dram import DramControlSignature, HDLDram
 
 
-__all__ = ["NPUBench", "generate_bench_verilog"]
+__all__ = ["CLOCK_NS", "DRAM_MODELS", "dram_from_env", "NPUBench", "generate_bench_verilog"]
+
+
+#: The clock period of every simulation, in ns.
+CLOCK_NS = 10
+
+#: The DRAM models a bench is built for; the first is the default.
+DRAM_MODELS = ("hdl", "cocotbext")
+
+
+def dram_from_env():
+    """The DRAM model named by ``NPU_DRAM`` (:data:`DRAM_MODELS`; unset or empty: ``hdl``)."""
+    value = os.environ.get("NPU_DRAM", "").strip() or DRAM_MODELS[0]
+    if value not in DRAM_MODELS:
+        raise ValueError(f"NPU_DRAM must be one of {', '.join(DRAM_MODELS)}, not {value!r}")
+    return value
 
 
 class NPUBench(wiring.Component):
-    """:class:`hw.top.NPU` with an :class:`AXI4Checker` watching ``m_axi`` and ``irq``.
+    """:class:`hw.top.NPU` with its DRAM and an :class:`AXI4Checker` watching its AXI4 master
+    and ``irq``.
 
     Parameters
     ----------
     config : NPUConfig
+    dram : str
+        ``"hdl"``: the DRAM in the simulated hardware; ``"cocotbext"``: the master on the
+        ``m_axi_*`` ports for the bench's model.
+    dram_bytes : int, optional
+        Size of the ``hdl`` DRAM (:data:`sim.dram.DRAM_BYTES`).
 
     Attributes
     ----------
-    m_axi, s_axil, irq
+    clk, rst : In(1)
+        The clock, and a synchronous reset that takes effect one cycle later.
+    s_axil, irq
         The NPU's ports, passed through.
+    m_axi : Out(AXI4Signature)
+        The NPU's master (``cocotbext`` only).
+    dram : In(DramControlSignature)
+        The DRAM's controls (``hdl`` only).
     axi_check_error : Out(1)
     axi_check_rule : Out(Rule)
     axi_check_addr, axi_check_cycle : Out(32)
         The checker's report.
     """
-    def __init__(self, config):
+    def __init__(self, config, *, dram=DRAM_MODELS[0], dram_bytes=None):
         if not isinstance(config, NPUConfig):
             raise TypeError(f"config must be an NPUConfig, not {config!r}")
+        if dram not in DRAM_MODELS:
+            raise ValueError(f"dram must be one of {', '.join(DRAM_MODELS)}, not {dram!r}")
         self.config = config
+        self.dram_kind = dram
         self.npu = NPU(config)
-        members = dict(self.npu.signature.members)
-        members.update({
+        members = {
+            "clk":             In(1),
+            "rst":             In(1),
+            "s_axil":          self.npu.signature.members["s_axil"],
+            "irq":             Out(1),
             "axi_check_error": Out(1),
             "axi_check_rule":  Out(Rule),
             "axi_check_addr":  Out(32),
             "axi_check_cycle": Out(32),
-        })
+        }
+        if dram == "hdl":
+            self.dram_model = HDLDram(data_width=config.bus_width,
+                                      addr_width=config.addr_width,
+                                      **({} if dram_bytes is None else {"size": dram_bytes}))
+            members["dram"] = In(DramControlSignature())
+        else:
+            members["m_axi"] = self.npu.signature.members["m_axi"]
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
+        # The reset through a flip-flop (see the module's docstring).
+        m.domains.sync = sync = ClockDomain("sync", local=True)
+        m.domains.raw = raw = ClockDomain("raw", local=True, reset_less=True)
+        reset = Signal(init=1)
+        m.d.comb += [sync.clk.eq(self.clk), raw.clk.eq(self.clk), sync.rst.eq(reset)]
+        m.d.raw += reset.eq(self.rst)
+
         npu = m.submodules.npu = self.npu
         checker = m.submodules.axi_check = AXI4Checker(data_width=self.config.bus_width)
-        wiring.connect(m, wiring.flipped(self.m_axi), npu.m_axi)
         wiring.connect(m, wiring.flipped(self.s_axil), npu.s_axil)
+        if self.dram_kind == "hdl":
+            dram = m.submodules.dram = self.dram_model
+            wiring.connect(m, npu.m_axi, dram.bus)
+            wiring.connect(m, wiring.flipped(self.dram), dram.control)
+        else:
+            wiring.connect(m, wiring.flipped(self.m_axi), npu.m_axi)
         for name in npu.m_axi.signature.members:
             m.d.comb += getattr(checker.bus, name).eq(getattr(npu.m_axi, name))
         m.d.comb += [
@@ -67,7 +138,13 @@ class NPUBench(wiring.Component):
         return m
 
 
-def generate_bench_verilog(config, *, name):
-    """Verilog text of :class:`NPUBench` for ``config``, top module ``name``."""
-    bench = NPUBench(config)
-    return verilog.convert(bench, name=name, ports=top_ports(bench), emit_src=False)
+def generate_bench_verilog(config, *, name, dram=DRAM_MODELS[0], dram_bytes=None):
+    """Verilog text of :class:`NPUBench` for ``config`` and ``dram``, top module ``name``
+    (for ``hdl``, the DRAM's own Verilog, :data:`sim.dram.VERILOG_SOURCE`, is compiled beside
+    it), and its ports: name -> ``"input"`` or ``"output"``."""
+    bench = NPUBench(config, dram=dram, dram_bytes=dram_bytes)
+    ports = top_ports(bench)
+    text = verilog.convert(bench, name=name, ports=ports, emit_src=False)
+    return text, {port: "output" if direction == direction.Output else "input"
+                  for port, (value, direction) in ports.items()}
+

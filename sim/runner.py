@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import NPUConfig
+from .bench_top import CLOCK_NS
+from .result import RunResult
 from .toolchain import setup
 
 
@@ -37,12 +39,31 @@ TIMESCALE = ("1ns", "1ps")
 # Verilator: Amaranth's Verilog has width warnings that must not stop the build.
 VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "--x-assign", "fast",
                   "--x-initial", "fast"]
-#: Only the top level is public (sim/public.vlt), unless NPU_PUBLIC=1: every signal public,
-#: as cocotb's runner makes it (measured on 8x8: a 256^3 GEMM 28% slower end to end, the
-#: build 83 s instead of 50 s).
+#: Only the top level's ports are public (:func:`_visibility`), unless NPU_PUBLIC=1: every
+#: signal public, as cocotb's runner makes it (for NPU_TRACE, or to poke at internals).
 PUBLIC_ALL = os.environ.get("NPU_PUBLIC") == "1"
-VERILATOR_VISIBILITY = [] if PUBLIC_ALL else ["--no-public-flat-rw",
-                                             str(Path(__file__).with_name("public.vlt"))]
+
+
+def _visibility(build_dir, ports):
+    """Verilator arguments that make only the top level's ``ports`` visible to cocotb.
+
+    cocotb's runner passes ``--public-flat-rw``, which makes every signal writable through
+    VPI; ``--no-public-flat-rw`` turns that off again and a configuration file names the
+    ports. Inputs are writable, outputs only readable: Verilator evaluates all the logic that
+    depends on a writable signal whenever any input changes, so a writable internal signal
+    drags the logic behind it into that evaluation (measured on 8x8: making every signal of
+    the top module writable, as the wildcard this replaces did, left the simulation at 66,000
+    cycles per second instead of ...).
+    """
+    if PUBLIC_ALL:
+        return []
+    lines = ["`verilator_config"]
+    for name, direction in ports.items():
+        kind = "public_flat_rw" if direction == "input" else "public_flat_rd"
+        lines.append(f'{kind} -module "{TOPLEVEL}" -var "{name}"')
+    config = build_dir / "public.vlt"
+    config.write_text("\n".join(lines) + "\n")
+    return ["--no-public-flat-rw", str(config)]
 
 
 # Icarus: Yosys' Verilog starts its combinational blocks with a variable initialised in its
@@ -52,7 +73,35 @@ ICARUS_ARGS = ["-g2005"]
 
 
 #: The simulated gateware besides ``hw/``.
-BENCH_SOURCES = ("sim/axi_checker.py", "sim/bench_top.py", "sim/public.vlt")
+BENCH_SOURCES = ("sim/axi_checker.py", "sim/bench_top.py", "sim/dram.py",
+                 "sim/hdl/npu_axi_dram.v", "sim/runner.py", "sim/verilator/main.cpp")
+
+#: The Verilator build's main loop, which toggles the clock in C++ (see the file).
+VERILATOR_MAIN = PROJECT_ROOT / "sim" / "verilator" / "main.cpp"
+
+
+def _get_runner(sim):
+    """cocotb's runner for ``sim``; for Verilator, one that builds :data:`VERILATOR_MAIN`
+    instead of cocotb's own main loop (the only difference)."""
+    from cocotb_tools.runner import Verilator, get_runner
+    if sim != "verilator":
+        return get_runner(sim)
+
+    class _Verilator(Verilator):
+        def _build_command(self):
+            commands = super()._build_command()
+            commands[0] = [str(VERILATOR_MAIN) if str(arg).endswith("verilator.cpp") else arg
+                           for arg in commands[0]]
+            return commands
+    return _Verilator()
+
+
+def _clock_env(sim):
+    """The environment that has :data:`VERILATOR_MAIN` make the clock: its half period in
+    simulation steps (the timescale's precision, 1 ps)."""
+    if sim != "verilator":
+        return {}
+    return {"NPU_CLOCK_HALF_STEPS": str(CLOCK_NS * 1000 // 2)}
 
 
 def _gateware_hash():
@@ -76,60 +125,67 @@ def _locked(path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _build_dir(config, sim):
+def _build_dir(config, sim, dram):
     public = "-public" if sim == "verilator" and PUBLIC_ALL else ""
-    return BUILD_ROOT / "sim" / sim / f"{config.key()}-{_gateware_hash()}{public}"
+    return BUILD_ROOT / "sim" / sim / f"{config.key()}-{dram}-{_gateware_hash()}{public}"
 
 
-def build(config, sim):
-    """Generate the Verilog for ``config`` and build it for ``sim``, unless already built.
+def build(config, sim, dram=None):
+    """Generate the Verilog for ``config`` with the DRAM model ``dram`` (by default
+    :func:`sim.bench_top.dram_from_env`) and build it for ``sim``, unless already built.
 
     Returns the build directory.
     """
-    from cocotb_tools.runner import get_runner
     from .bench_top import generate_bench_verilog
+    from .dram import VERILOG_SOURCE
 
     setup(sim)
-    build_dir = _build_dir(config, sim)
+    from .bench_top import dram_from_env
+    dram = dram or dram_from_env()
+    build_dir = _build_dir(config, sim, dram)
     stamp = build_dir / "build.ok"
     with _locked(build_dir.with_name(build_dir.name + ".lock")):
         if stamp.exists():
             return build_dir
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / f"{TOPLEVEL}.v"
-        source.write_text(generate_bench_verilog(config, name=TOPLEVEL))
-        runner = get_runner(sim)
+        text, ports = generate_bench_verilog(config, name=TOPLEVEL, dram=dram)
+        source.write_text(text)
+        runner = _get_runner(sim)
         runner.build(
-            sources=[source],
+            sources=[source] + ([VERILOG_SOURCE] if dram == "hdl" else []),
             hdl_toplevel=TOPLEVEL,
             build_dir=build_dir,
-            build_args=(VERILATOR_ARGS + VERILATOR_VISIBILITY if sim == "verilator"
+            build_args=(VERILATOR_ARGS + _visibility(build_dir, ports)
+                        if sim == "verilator"
                         else ICARUS_ARGS),
             timescale=TIMESCALE,
             always=True,
             log_file=build_dir / "build.log",
         )
-        stamp.write_text(json.dumps({"config": config.key(), "sim": sim}))
+        stamp.write_text(json.dumps({"config": config.key(), "sim": sim, "dram": dram}))
     return build_dir
 
 
 def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_dir=None,
-               waves=None):
-    """Run the cocotb ``test_module`` against the NPU built for ``config`` on ``sim``.
+               waves=None, dram=None):
+    """Run the cocotb ``test_module`` against the NPU built for ``config`` on ``sim`` with
+    the DRAM model ``dram`` (by default :func:`sim.bench_top.dram_from_env`).
 
-    The bench finds the configuration in ``NPU_CONFIG`` (JSON). Raises ``AssertionError`` if
-    any cocotb test failed.
+    The bench finds the configuration in ``NPU_CONFIG`` (JSON) and the DRAM model in
+    ``NPU_DRAM``. Raises ``AssertionError`` if any cocotb test failed.
     """
-    from cocotb_tools.runner import get_runner, get_results
+    from cocotb_tools.runner import get_results
 
-    build_dir = build(config, sim)
+    from .bench_top import dram_from_env
+    dram = dram or dram_from_env()
+    build_dir = build(config, sim, dram)
     if waves is None:
         waves = os.environ.get("WAVES", "0") == "1"
     env = {
-        "NPU_CONFIG": json.dumps({
-            "rows": config.rows, "cols": config.cols, "spad_depth": config.spad_depth,
-            "acc_depth": config.acc_depth, "bus_width": config.bus_width,
-        }),
+        "NPU_CONFIG": config.to_json(),
+        "NPU_DRAM": dram,
+        **_clock_env(sim),
     }
     # The runner gives the simulator's Python this process's sys.path as PYTHONPATH (it
     # overwrites any PYTHONPATH in extra_env), so the project root must be on it for the
@@ -137,7 +193,7 @@ def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_
     if str(PROJECT_ROOT) not in sys.path:
         sys.path.append(str(PROJECT_ROOT))
     env.update(extra_env or {})
-    runner = get_runner(sim)
+    runner = _get_runner(sim)
     if test_dir is None:
         runs = BUILD_ROOT / "runs"
         runs.mkdir(parents=True, exist_ok=True)
@@ -191,9 +247,8 @@ def run_programs(config, sim, programs, *, timeout_cycles=None):
     program); a program that does not end within it fails the run, naming the program.
     ``NPU_BACKPRESSURE=<seed>`` in the environment turns on random back-pressure
     (:class:`sim.bench.Backpressure`).
-    Returns one :class:`sw.backend.RunResult` per program, holding its DRAM after the run.
+    Returns one :class:`sim.result.RunResult` per program, holding its DRAM after the run.
     """
-    from sw.backend import RunResult
     from hw.isa import ErrorCode
 
     if not isinstance(config, NPUConfig):

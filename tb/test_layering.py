@@ -14,9 +14,6 @@ TEST_MODULES = {"tb"} | {path.stem for path in (ROOT / "tb").glob("*.py")}
 #: The project packages each production package may import, besides itself.
 ALLOWED = {"hw": set(), "sim": {"hw"}, "sw": {"hw", "sim"}, "fpga": {"hw", "sim", "sw"},
            "formal": {"hw", "sim", "sw"}}
-#: sim/ modules that still import sw while the bench is being rewritten (issue 15). The list
-#: must only shrink: a file that no longer imports sw fails the test until it leaves the list.
-SIM_IMPORTS_SW = {"sim/bench.py", "sim/runner.py"}
 
 
 def imported_modules(path):
@@ -39,16 +36,8 @@ def test_imports_follow_the_layers(path):
     name = str(path.relative_to(ROOT))
     package = name.split("/")[0]
     forbidden = set(PRODUCTION) - ALLOWED[package] - {package}
-    if name in SIM_IMPORTS_SW:
-        forbidden.discard("sw")
     found = [(module, line) for module, line in imported_modules(path)
              if module.split(".")[0] in forbidden | TEST_MODULES]
     assert not found, f"{name} imports " + ", ".join(f"{module} (line {line})"
                                                        for module, line in found)
 
-
-@pytest.mark.parametrize("name", sorted(SIM_IMPORTS_SW))
-def test_sim_exceptions_still_needed(name):
-    modules = [module for module, _ in imported_modules(ROOT / name)]
-    assert any(module.split(".")[0] == "sw" for module in modules), \
-        f"{name} no longer imports sw: take it out of SIM_IMPORTS_SW"

@@ -1,0 +1,162 @@
+"""The simulated DRAM in the simulated hardware: :class:`HDLDram`, an AXI4 slave memory.
+
+The memory itself is Verilog (``sim/hdl/npu_axi_dram.v``): it must load and dump its contents
+with ``$readmemh``/``$writememh``, which Amaranth cannot express. This module wraps it as a
+component with a signature, so that :class:`sim.bench_top.NPUBench` connects it to the NPU's
+AXI4 master like any other block, and holds the figures both sides of the bench share: its
+size, its latencies and the file names of its load and dump.
+
+While a program runs no Python runs: the bench writes the program and operands into
+``dram_load.hex``, raises :attr:`Command.LOAD` for a cycle, starts the NPU, sleeps until the
+interrupt, raises :attr:`Command.DUMP` and reads ``dram_dump.hex`` (and ``dram_written.hex``,
+the bytes written since the last :attr:`Command.CLEAR_LOG`) back. See :class:`sim.bench.Dram`.
+"""
+
+from pathlib import Path
+
+from amaranth.hdl import ClockSignal, Instance, Module, ResetSignal
+from amaranth.lib import enum, wiring
+from amaranth.lib.wiring import In
+
+from hw.axi import AXI4Signature
+
+
+__all__ = ["VERILOG_SOURCE", "DRAM_BYTES", "READ_LATENCY", "WRITE_RESPONSE_LATENCY",
+           "FAULT_RANGES", "CHANNELS", "Command", "DramControlSignature", "HDLDram",
+           "LOAD_FILE", "DUMP_FILE", "WRITTEN_FILE"]
+
+
+VERILOG_SOURCE = Path(__file__).resolve().parent / "hdl" / "npu_axi_dram.v"
+
+#: Bytes of simulated DRAM; a program's DRAM image must fit.
+DRAM_BYTES = 16 << 20
+#: Cycles from the cycle a read address is accepted to the cycle its first beat is valid.
+READ_LATENCY = 2
+#: Cycles from the cycle a burst's last write beat is accepted to the cycle its response is valid.
+WRITE_RESPONSE_LATENCY = 2
+#: Address ranges that can be answered SLVERR or DECERR at once.
+FAULT_RANGES = 4
+#: The channels back-pressure stalls, in the order of ``bp_free_max``.
+CHANNELS = ("ar", "r", "aw", "w", "b")
+
+#: Files in the simulator's working folder (the job's folder).
+LOAD_FILE = "dram_load.hex"
+DUMP_FILE = "dram_dump.hex"
+WRITTEN_FILE = "dram_written.hex"
+
+
+class Command(enum.Enum, shape=2):
+    """What the DRAM does in a cycle at the bench's request (the NPU is idle meanwhile)."""
+    NONE      = 0
+    LOAD      = 1    #: ``$readmemh`` words ``[0, words)`` from :data:`LOAD_FILE`
+    DUMP      = 2    #: ``$writememh`` them to :data:`DUMP_FILE` and the log to :data:`WRITTEN_FILE`
+    CLEAR_LOG = 3    #: forget which bytes were written
+
+
+class DramControlSignature(wiring.Signature):
+    """The bench's controls of :class:`HDLDram`, from the bench's side.
+
+    Members
+    -------
+    command : Out(Command)
+    words : Out(32)
+        Bus words that a load or a dump covers, from address 0.
+    size : Out(33)
+        Bytes answered; a beat reaching past them is answered SLVERR.
+    fault_lo, fault_hi : Out(33 * FAULT_RANGES)
+        Fault range ``k`` is ``[lo, hi)``, bits ``33 k`` up.
+    fault_kind : Out(4 * FAULT_RANGES)
+        Per range ``{write, read, resp[1:0]}``: whether it faults writes and reads, and with
+        which response.
+    bp_enable : Out(1)
+        Random stalls on all five channels and random extra latency.
+    bp_seed : Out(32)
+    bp_free_max : Out(16 * 5)
+        Per channel (:data:`CHANNELS`), the longest run of free cycles between pauses.
+    bp_pause_max, bp_latency_max : Out(4)
+        The longest pause; the most extra cycles of a burst's latency.
+    """
+    def __init__(self):
+        super().__init__({
+            "command":        wiring.Out(Command),
+            "words":          wiring.Out(32),
+            "size":           wiring.Out(33),
+            "fault_lo":       wiring.Out(33 * FAULT_RANGES),
+            "fault_hi":       wiring.Out(33 * FAULT_RANGES),
+            "fault_kind":     wiring.Out(4 * FAULT_RANGES),
+            "bp_enable":      wiring.Out(1),
+            "bp_seed":        wiring.Out(32),
+            "bp_free_max":    wiring.Out(16 * len(CHANNELS)),
+            "bp_pause_max":   wiring.Out(4),
+            "bp_latency_max": wiring.Out(4),
+        })
+
+
+class HDLDram(wiring.Component):
+    """AXI4 slave memory of :data:`DRAM_BYTES` (``sim/hdl/npu_axi_dram.v``).
+
+    Parameters
+    ----------
+    data_width : int
+        Bus width in bits.
+    addr_width : int
+    size : int
+        Bytes of memory, a multiple of the bus width.
+    read_latency, write_response_latency : int
+        See :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY` (at least 2).
+
+    Members
+    -------
+    bus : In(AXI4Signature)
+        The slave port.
+    control : In(DramControlSignature)
+        The bench's controls.
+    """
+    def __init__(self, *, data_width, addr_width=32, size=DRAM_BYTES,
+                 read_latency=READ_LATENCY, write_response_latency=WRITE_RESPONSE_LATENCY):
+        if size <= 0 or size % (data_width // 8):
+            raise ValueError(f"size must be a positive multiple of {data_width // 8} bytes, "
+                             f"not {size!r}")
+        for name, value in (("read_latency", read_latency),
+                            ("write_response_latency", write_response_latency)):
+            if not isinstance(value, int) or value < 2:
+                raise ValueError(f"{name} must be an integer of at least 2, not {value!r}")
+        self.data_width = data_width
+        self.addr_width = addr_width
+        self.size = size
+        self.read_latency = read_latency
+        self.write_response_latency = write_response_latency
+        super().__init__({
+            "bus":     In(AXI4Signature(addr_width=addr_width, data_width=data_width)),
+            "control": In(DramControlSignature()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus, control = self.bus, self.control
+        m.submodules.memory = Instance(
+            "npu_axi_dram",
+            p_DATA_WIDTH=self.data_width,
+            p_ADDR_WIDTH=self.addr_width,
+            p_WORDS=self.size // (self.data_width // 8),
+            p_R_LATENCY=self.read_latency,
+            p_B_LATENCY=self.write_response_latency,
+            p_FAULTS=FAULT_RANGES,
+            i_clk=ClockSignal("sync"), i_rst=ResetSignal("sync"),
+            i_s_awid=bus.awid, i_s_awaddr=bus.awaddr, i_s_awlen=bus.awlen,
+            i_s_awvalid=bus.awvalid, o_s_awready=bus.awready,
+            i_s_wdata=bus.wdata, i_s_wstrb=bus.wstrb, i_s_wlast=bus.wlast,
+            i_s_wvalid=bus.wvalid, o_s_wready=bus.wready,
+            o_s_bid=bus.bid, o_s_bresp=bus.bresp, o_s_bvalid=bus.bvalid, i_s_bready=bus.bready,
+            i_s_arid=bus.arid, i_s_araddr=bus.araddr, i_s_arlen=bus.arlen,
+            i_s_arvalid=bus.arvalid, o_s_arready=bus.arready,
+            o_s_rid=bus.rid, o_s_rdata=bus.rdata, o_s_rresp=bus.rresp, o_s_rlast=bus.rlast,
+            o_s_rvalid=bus.rvalid, i_s_rready=bus.rready,
+            i_command=control.command, i_words=control.words, i_size=control.size,
+            i_fault_lo=control.fault_lo, i_fault_hi=control.fault_hi,
+            i_fault_kind=control.fault_kind,
+            i_bp_enable=control.bp_enable, i_bp_seed=control.bp_seed,
+            i_bp_free_max=control.bp_free_max, i_bp_pause_max=control.bp_pause_max,
+            i_bp_latency_max=control.bp_latency_max,
+        )
+        return m
