@@ -407,16 +407,21 @@ class HDLDramModel:
         await self._command(hdl_dram.Command.DUMP)
         self.image[:] = _read_memh(hdl_dram.DUMP_FILE, self.bus_bytes).reshape(-1)
         if self._log is not None:
-            lines = Path(hdl_dram.WRITTEN_FILE).read_text().split()
-            masks = np.array([int(line, 16) for line in lines if not line.startswith("//")],
+            masks = np.array([int(line, 16) for line in _memh_lines(hdl_dram.WRITTEN_FILE)],
                              dtype=np.uint32)
             bits = (masks[:, None] >> np.arange(self.bus_bytes, dtype=np.uint32)) & 1
             self._log = bits.astype(bool).reshape(-1)
 
 
+def _memh_lines(path):
+    """The words of a ``$writememh`` file, in hex (Icarus puts address comments between)."""
+    return [line.strip() for line in Path(path).read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("//")]
+
+
 def _read_memh(path, width_bytes):
     """The words of a ``$writememh`` file as ``uint8`` rows, least significant byte first."""
-    lines = [line for line in Path(path).read_text().split() if not line.startswith("//")]
+    lines = _memh_lines(path)
     digits = 2 * width_bytes
     text = "".join(line.rjust(digits, "0") if len(line) != digits else line for line in lines)
     return np.frombuffer(bytes.fromhex(text), dtype=np.uint8).reshape(-1, width_bytes)[:, ::-1]
@@ -524,7 +529,9 @@ class TB:
         self.clock = None
         if not os.environ.get("NPU_CLOCK_HALF_STEPS"):
             self.clock = Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi")
-            self.clock.start()
+            # Low first: a rising edge at time 0 would come before Icarus has settled the
+            # design's initial values.
+            self.clock.start(start_high=False)
         self.dram_model = dram_model or dram_from_env()
         if self.dram_model == "hdl":
             self.dram = HDLDramModel(dut, dram_size, self.config.bus_bytes)

@@ -4,7 +4,8 @@
 // has to do what only a simulation model does: load and dump its contents from files
 // ($readmemh / $writememh) at the bench's command, log which bytes were written, answer
 // chosen address ranges with SLVERR or DECERR, and stall its channels at random from a seed.
-// It is Verilog-2005 so that Icarus (-g2005) and Verilator both take it; sim/dram.py is its
+// It is Verilog-2005 so that Icarus (-g2005) and Verilator both take it, and its control
+// registers start defined (Icarus would hold them at X until the first reset edge); sim/dram.py is its
 // Python side and documents the ports; the protocol is AXI4 (AMBA AXI and ACE, issue H).
 //
 // Timing without back-pressure, the same as cocotbext-axi's slave models in this bench
@@ -52,20 +53,20 @@ module npu_axi_dram #(
     input  wire                      s_wlast,
     input  wire                      s_wvalid,
     output wire                      s_wready,
-    output reg  [ID_WIDTH-1:0]       s_bid,
-    output reg  [1:0]                s_bresp,
-    output reg                       s_bvalid,
+    output reg  [ID_WIDTH-1:0]       s_bid = 0,
+    output reg  [1:0]                s_bresp = 0,
+    output reg                       s_bvalid = 0,
     input  wire                      s_bready,
     input  wire [ID_WIDTH-1:0]       s_arid,
     input  wire [ADDR_WIDTH-1:0]     s_araddr,
     input  wire [7:0]                s_arlen,
     input  wire                      s_arvalid,
     output wire                      s_arready,
-    output reg  [ID_WIDTH-1:0]       s_rid,
-    output reg  [DATA_WIDTH-1:0]     s_rdata,
-    output reg  [1:0]                s_rresp,
-    output reg                       s_rlast,
-    output reg                       s_rvalid,
+    output reg  [ID_WIDTH-1:0]       s_rid = 0,
+    output reg  [DATA_WIDTH-1:0]     s_rdata = 0,
+    output reg  [1:0]                s_rresp = 0,
+    output reg                       s_rlast = 0,
+    output reg                       s_rvalid = 0,
     input  wire                      s_rready,
 
     // The bench's controls (sim/dram.py), all held steady while a program runs.
@@ -93,7 +94,7 @@ module npu_axi_dram #(
     reg [DATA_WIDTH-1:0] mem [0:WORDS-1];
     reg [BYTES-1:0] written [0:WORDS-1];     // which bytes a write changed since the load
 
-    reg [31:0] now;                          // cycles since reset: the time stamps' clock
+    reg [31:0] now = 0;                          // cycles since reset: the time stamps' clock
     integer i, k;
 
     // ------------------------------------------------------------------ back-pressure
@@ -116,7 +117,7 @@ module npu_axi_dram #(
     reg [31:0] bp_state [0:4];               // AR, R, AW, W, B
     reg [31:0] read_draw, write_draw;        // the extra latency of reads, of writes
     reg [15:0] bp_count [0:4];
-    reg [4:0]  bp_paused;
+    reg [4:0]  bp_paused = 0;
     // Only registers reach the ready signals: logic that depends on an input of the
     // simulation's top level is evaluated at every change of an input (sim/bench_top.py).
     wire stall_ar = bp_paused[0];
@@ -196,12 +197,12 @@ module npu_axi_dram #(
     reg [7:0]            ar_len   [0:AR_DEPTH-1];
     reg [ID_WIDTH-1:0]   ar_id    [0:AR_DEPTH-1];
     reg [31:0]           ar_due   [0:AR_DEPTH-1];
-    reg [AR_PTR:0]       ar_head, ar_tail;
+    reg [AR_PTR:0]       ar_head = 0, ar_tail = 0;
     wire ar_empty = ar_head == ar_tail;
     wire ar_full  = (ar_head ^ ar_tail) == (1 << AR_PTR);
     assign s_arready = !ar_full && !stall_ar;
 
-    reg                  rd_active;          // a burst with beats still to send
+    reg                  rd_active = 0;          // a burst with beats still to send
     reg [ADDR_WIDTH-1:0] rd_addr;            // its next beat's address
     reg [8:0]            rd_left;            // its beats still to send
     reg [ID_WIDTH-1:0]   rd_id;
@@ -278,7 +279,7 @@ module npu_axi_dram #(
     reg [ADDR_WIDTH-1:0] aw_addr [0:AW_DEPTH-1];
     reg [7:0]            aw_len  [0:AW_DEPTH-1];
     reg [ID_WIDTH-1:0]   aw_id   [0:AW_DEPTH-1];
-    reg [AW_PTR:0]       aw_head, aw_tail;
+    reg [AW_PTR:0]       aw_head = 0, aw_tail = 0;
     wire aw_empty = aw_head == aw_tail;
     wire aw_full  = (aw_head ^ aw_tail) == (1 << AW_PTR);
     wire [AW_PTR-1:0] aw_head_i = aw_head[AW_PTR-1:0];
@@ -286,7 +287,7 @@ module npu_axi_dram #(
     reg [1:0]            b_resp_q [0:B_DEPTH-1];
     reg [ID_WIDTH-1:0]   b_id_q   [0:B_DEPTH-1];
     reg [31:0]           b_due    [0:B_DEPTH-1];
-    reg [B_PTR:0]        b_head, b_tail;
+    reg [B_PTR:0]        b_head = 0, b_tail = 0;
     wire b_empty = b_head == b_tail;
     wire [B_PTR-1:0] b_head_i = b_head[B_PTR-1:0];
 
@@ -296,7 +297,7 @@ module npu_axi_dram #(
     assign s_awready = !aw_full && bursts_open < B_DEPTH && !stall_aw;
     assign s_wready  = !aw_empty && !stall_w;
 
-    reg [8:0]  wr_beat;                      // beats of the head burst written so far
+    reg [8:0]  wr_beat = 0;                      // beats of the head burst written so far
     reg        wr_slverr;                    // a byte of the burst fell past `size`
     reg [1:0]  wr_fault;                     // the last fault response of the burst
     reg [32:0] beat_addr;
