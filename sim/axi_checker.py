@@ -104,6 +104,10 @@ class AXI4Checker(wiring.Component):
     bus : In(every AXI4 signal)
         The interface, observed only.
     irq : In(1)
+    disable : In(32)
+        A mask of rules not to report, bit ``Rule.X.value`` for rule ``X`` (registered: it
+        takes effect a cycle later). Only for showing that a test catches a checker with a rule
+        missing (a mutant); zero otherwise.
     error : Out(1)
         High from the first violation until reset.
     rule : Out(Rule)
@@ -119,6 +123,7 @@ class AXI4Checker(wiring.Component):
         super().__init__({
             "bus":   In(_monitor_signature(data_width)),
             "irq":   In(1),
+            "disable": In(32),
             "error": Out(1),
             "rule":  Out(Rule),
             "addr":  Out(32),
@@ -216,6 +221,10 @@ class AXI4Checker(wiring.Component):
              (completed & (responses_due == 0xFFFF)), "CHECKER_OVERFLOW", 0),
         ]
         checks.sort(key=lambda check: Rule[check[1]].value)
+        disabled = Signal(32)
+        m.d.sync += disabled.eq(self.disable)
+        checks = [(condition & ~disabled.bit_select(Rule[name].value, 1), name, addr)
+                  for condition, name, addr in checks]
 
         with m.If(~self.error):
             for index, (condition, name, addr) in enumerate(checks):

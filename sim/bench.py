@@ -262,6 +262,12 @@ class Dram(Memory):
     async def flush(self):
         """Nothing to do: the model answers from :attr:`mem` itself (see :class:`HDLDramModel`)."""
 
+    async def send_bad_write_response(self):
+        """Send a write response with no write outstanding (a protocol violation)."""
+        response = self.write_if.b_channel._transaction_obj()
+        response.bid, response.bresp = 0, AxiResp.OKAY
+        await self.write_if.b_channel.send(response)
+
     async def fetch(self):
         """Nothing to do: writes land in :attr:`mem` as they happen."""
 
@@ -309,9 +315,18 @@ class HDLDramModel:
             "command": hdl_dram.Command.NONE.value, "words": self.words,
             "size": size, "fault_lo": 0, "fault_hi": 0, "fault_kind": 0, "bp_enable": 0,
             "bp_seed": 0, "bp_free_max": 0, "bp_pause_max": 0, "bp_latency_max": 0,
+            "drop_writes": 0,
         }
         for name, value in control.items():
             getattr(dut, f"dram_{name}").value = value
+
+    def drop_writes(self):
+        """Break the DRAM: from now on every eighth write beat is lost (a mutant)."""
+        self.dut.dram_drop_writes.value = 1
+
+    async def send_bad_write_response(self):
+        """Send a write response with no write outstanding (a protocol violation)."""
+        await self._command(hdl_dram.Command.BAD_B)
 
     def set_backpressure(self, *, seed, free_max, pause_max, latency_max):
         """Turn on the hardware's stall and latency generators (before the reset)."""
@@ -556,6 +571,18 @@ class TB:
             self._host_pauses = self.backpressure.host_channels(self.host)
             self._pause_host(True)
             self.log.info("back-pressure on, seed %d, %s DRAM", backpressure, self.dram_model)
+        mutant = os.environ.get("NPU_MUTANT", "").strip()
+        dut.axi_check_disable.value = 0
+        if mutant == "drop_writes" and isinstance(self.dram, HDLDramModel):
+            self.dram.drop_writes()
+        elif mutant.startswith("checker_without_"):
+            rule = Rule[mutant.removeprefix("checker_without_")]
+            dut.axi_check_disable.value = 1 << rule.value
+        elif mutant:
+            raise ValueError(f"NPU_MUTANT must be drop_writes (HDL DRAM only) or "
+                             f"checker_without_<RULE>, not {mutant!r}")
+        if mutant:
+            self.log.warning("mutant: %s", mutant)
         self.axi_check = AxiCheck(dut)
 
     def _pause_host(self, on):

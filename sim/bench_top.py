@@ -75,6 +75,8 @@ class NPUBench(wiring.Component):
         The NPU's master (``cocotbext`` only).
     dram : In(DramControlSignature)
         The DRAM's controls (``hdl`` only).
+    axi_check_disable : In(32)
+        Rules the checker does not report (:attr:`AXI4Checker.disable`; mutants only).
     axi_check_error : Out(1)
     axi_check_rule : Out(Rule)
     axi_check_addr, axi_check_cycle : Out(32)
@@ -93,6 +95,7 @@ class NPUBench(wiring.Component):
             "rst":             In(1),
             "s_axil":          self.npu.signature.members["s_axil"],
             "irq":             Out(1),
+            "axi_check_disable": In(32),
             "axi_check_error": Out(1),
             "axi_check_rule":  Out(Rule),
             "axi_check_addr":  Out(32),
@@ -130,6 +133,7 @@ class NPUBench(wiring.Component):
         m.d.comb += [
             self.irq.eq(npu.irq),
             checker.irq.eq(npu.irq),
+            checker.disable.eq(self.axi_check_disable),
             self.axi_check_error.eq(checker.error),
             self.axi_check_rule.eq(checker.rule),
             self.axi_check_addr.eq(checker.addr),

@@ -45,12 +45,13 @@ DUMP_FILE = "dram_dump.hex"
 WRITTEN_FILE = "dram_written.hex"
 
 
-class Command(enum.Enum, shape=2):
+class Command(enum.Enum, shape=3):
     """What the DRAM does in a cycle at the bench's request (the NPU is idle meanwhile)."""
     NONE      = 0
     LOAD      = 1    #: ``$readmemh`` words ``[0, words)`` from :data:`LOAD_FILE`
     DUMP      = 2    #: ``$writememh`` them to :data:`DUMP_FILE` and the log to :data:`WRITTEN_FILE`
     CLEAR_LOG = 3    #: forget which bytes were written
+    BAD_B     = 4    #: send a write response with no write outstanding (a protocol violation)
 
 
 class DramControlSignature(wiring.Signature):
@@ -75,6 +76,9 @@ class DramControlSignature(wiring.Signature):
         Per channel (:data:`CHANNELS`), the longest run of free cycles between pauses.
     bp_pause_max, bp_latency_max : Out(4)
         The longest pause; the most extra cycles of a burst's latency.
+    drop_writes : Out(1)
+        A broken DRAM, for showing that tests catch one (a mutant): every eighth write beat
+        is answered as usual but not written.
     """
     def __init__(self):
         super().__init__({
@@ -89,6 +93,7 @@ class DramControlSignature(wiring.Signature):
             "bp_free_max":    wiring.Out(16 * len(CHANNELS)),
             "bp_pause_max":   wiring.Out(4),
             "bp_latency_max": wiring.Out(4),
+            "drop_writes":    wiring.Out(1),
         })
 
 
@@ -157,6 +162,6 @@ class HDLDram(wiring.Component):
             i_fault_kind=control.fault_kind,
             i_bp_enable=control.bp_enable, i_bp_seed=control.bp_seed,
             i_bp_free_max=control.bp_free_max, i_bp_pause_max=control.bp_pause_max,
-            i_bp_latency_max=control.bp_latency_max,
+            i_bp_latency_max=control.bp_latency_max, i_drop_writes=control.drop_writes,
         )
         return m

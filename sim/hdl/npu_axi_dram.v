@@ -70,7 +70,8 @@ module npu_axi_dram #(
     input  wire                      s_rready,
 
     // The bench's controls (sim/dram.py), all held steady while a program runs.
-    input  wire [1:0]                command,     // 1: load, 2: dump, 3: clear the write log
+    input  wire [2:0]                command,     // 1: load, 2: dump, 3: clear the write log,
+                                                  // 4: a write response out of nowhere
     input  wire [31:0]               words,       // words to load or dump, from address 0
     input  wire [32:0]               size,        // bytes answered; beyond: SLVERR
     input  wire [FAULTS*33-1:0]      fault_lo,    // fault range k: [lo, hi)
@@ -80,7 +81,8 @@ module npu_axi_dram #(
     input  wire [31:0]               bp_seed,
     input  wire [5*16-1:0]           bp_free_max, // per channel AR, R, AW, W, B: longest free run
     input  wire [3:0]                bp_pause_max,
-    input  wire [3:0]                bp_latency_max
+    input  wire [3:0]                bp_latency_max,
+    input  wire                      drop_writes  // a mutant: every 8th write beat is lost
 );
     localparam BYTES = DATA_WIDTH / 8;
     localparam LG = $clog2(BYTES);
@@ -297,6 +299,7 @@ module npu_axi_dram #(
     assign s_awready = !aw_full && bursts_open < B_DEPTH && !stall_aw;
     assign s_wready  = !aw_empty && !stall_w;
 
+    reg [2:0]  dropped = 0;                  // write beats counted for drop_writes
     reg [8:0]  wr_beat = 0;                      // beats of the head burst written so far
     reg        wr_slverr;                    // a byte of the burst fell past `size`
     reg [1:0]  wr_fault;                     // the last fault response of the burst
@@ -322,13 +325,13 @@ module npu_axi_dram #(
             s_bid <= 0;
         end else begin
             // The bench's commands; the NPU is idle while they run.
-            if (command == 2'd1)
+            if (command == 3'd1)
                 $readmemh("dram_load.hex", mem, 0, words - 1);
-            if (command == 2'd2) begin
+            if (command == 3'd2) begin
                 $writememh("dram_dump.hex", mem, 0, words - 1);
                 $writememh("dram_written.hex", written, 0, words - 1);
             end
-            if (command == 2'd3)
+            if (command == 3'd3)
                 for (i = 0; i < words; i = i + 1)
                     written[i] <= {BYTES{1'b0}};
             if (s_awvalid && s_awready) begin
@@ -352,6 +355,11 @@ module npu_axi_dram #(
                         else
                             wrote[i] = 1'b1;
                     end
+                end
+                if (drop_writes) begin
+                    dropped <= dropped + 3'd1;
+                    if (dropped == 3'd7)
+                        wrote = {BYTES{1'b0}};
                 end
                 if (wrote != 0) begin
                     for (i = 0; i < BYTES; i = i + 1)
@@ -382,7 +390,11 @@ module npu_axi_dram #(
                         wr_fault <= beat_fault;
                 end
             end
-            if (!s_bvalid || s_bready) begin
+            if (command == 3'd4 && !s_bvalid) begin
+                s_bvalid <= 1'b1;
+                s_bresp <= OKAY;
+                s_bid <= 0;
+            end else if (!s_bvalid || s_bready) begin
                 if (!b_empty && $signed(now - b_due[b_head_i]) >= 0 && !stall_b) begin
                     s_bvalid <= 1'b1;
                     s_bresp <= b_resp_q[b_head_i];
