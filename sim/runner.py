@@ -74,7 +74,13 @@ ICARUS_ARGS = ["-g2005"]
 
 #: The simulated gateware besides ``hw/``.
 BENCH_SOURCES = ("sim/axi_checker.py", "sim/bench_top.py", "sim/dram.py",
-                 "sim/hdl/npu_axi_dram.v", "sim/runner.py", "sim/verilator/main.cpp")
+                 "sim/hdl/npu_axi_dram.v", "sim/verilator/main.cpp")
+
+#: The files with cocotb tests (whose asserts cocotb rewrites for better messages).
+COCOTB_TEST_FILES = "cocotb_*.py job.py"
+
+#: Arguments of the make that compiles the Verilated model.
+VERILATOR_MAKE_ARGS = os.environ.get("NPU_VERILATOR_MAKE", "OPT_FAST=-O2").split()
 
 #: The Verilator build's main loop, which toggles the clock in C++ (see the file).
 VERILATOR_MAIN = PROJECT_ROOT / "sim" / "verilator" / "main.cpp"
@@ -92,6 +98,7 @@ def _get_runner(sim):
             commands = super()._build_command()
             commands[0] = [str(VERILATOR_MAIN) if str(arg).endswith("verilator.cpp") else arg
                            for arg in commands[0]]
+            commands[1] = list(commands[1]) + VERILATOR_MAKE_ARGS
             return commands
     return _Verilator()
 
@@ -105,12 +112,14 @@ def _clock_env(sim):
 
 
 def _gateware_hash():
+    """A hash of what a build is made from: the gateware sources and the build's arguments."""
     digest = hashlib.sha256()
     sources = sorted((PROJECT_ROOT / "hw").glob("*.py"))
     sources += [PROJECT_ROOT / name for name in BENCH_SOURCES]
     for source in sources:
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
+    digest.update(repr((VERILATOR_ARGS, VERILATOR_MAKE_ARGS, ICARUS_ARGS)).encode())
     return digest.hexdigest()[:12]
 
 
@@ -185,6 +194,9 @@ def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_
     env = {
         "NPU_CONFIG": config.to_json(),
         "NPU_DRAM": dram,
+        # cocotb rewrites the asserts of every module it imports (numpy's, Amaranth's...)
+        # unless told which: parsing them all again cost 2 s of every simulation's start.
+        "COCOTB_REWRITE_ASSERTION_FILES": COCOTB_TEST_FILES,
         **_clock_env(sim),
     }
     # The runner gives the simulator's Python this process's sys.path as PYTHONPATH (it
