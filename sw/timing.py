@@ -9,11 +9,12 @@ checks, the four units, the array's latency, the accumulator's read-modify-write
 bursts and row geometry. ``tb/test_timing.py`` checks that it equals the RTL's own counters,
 cycle for cycle, on a sweep of GEMM shapes and configurations.
 
-The DRAM is modelled as the simulation's bus models answer (:class:`sim.bench.Dram`,
-cocotbext-axi's AXI4 slave without back-pressure): a read command's first beat arrives in
-the third cycle after the command is taken and the rest follow one per cycle; write
-addresses and data are always accepted; a burst's write response comes two cycles after
-its last beat. Those two delays are :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`,
+The DRAM is modelled as the simulation's DRAM answers without back-pressure (the HDL one,
+:class:`sim.dram.HDLDram`, whose latencies are the defaults here, and cocotbext-axi's AXI4
+slave, which answers the same, cycle for cycle: tb/test_dram_models.py): a read command's
+first beat arrives in the third cycle after the command is taken and the rest follow one per
+cycle; write addresses and data are always accepted; a burst's write response comes two
+cycles after its last beat. Those two delays are :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`,
 and :func:`predict` takes others for a DRAM that answers with other fixed delays but otherwise
 the same way (bursts streamed back to back, writes never stalled). Other DRAM timing changes
 the count, not the results; so does back-pressure.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from hw.config import FETCH_BURST, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from hw.isa import INSTR_BYTES, Opcode
+from sim import dram as simulated_dram
 
 from . import codec
 from .errors import NPUValueError
@@ -37,11 +39,12 @@ __all__ = ["Timing", "predict", "predict_gemm", "READ_LATENCY", "WRITE_RESPONSE_
 
 #: Cycles from the cycle a read command is granted to its first data beat: the command is
 #: taken (cycle ``g``), the DMA sends its first address (``g + 1``), the first beat arrives in
-#: ``g + 3``. The default of :func:`predict`'s ``read_latency``.
-READ_LATENCY = 3
-#: Cycles from a burst's last write beat to its write response. The default of
-#: :func:`predict`'s ``write_response_latency``.
-WRITE_RESPONSE_LATENCY = 2
+#: ``g + 3``: the cycle of the address plus the simulated DRAM's latency from address to
+#: first beat. The default of :func:`predict`'s ``read_latency``.
+READ_LATENCY = 1 + simulated_dram.READ_LATENCY
+#: Cycles from a burst's last write beat to its write response (the simulated DRAM's). The
+#: default of :func:`predict`'s ``write_response_latency``.
+WRITE_RESPONSE_LATENCY = simulated_dram.WRITE_RESPONSE_LATENCY
 #: The smallest delays an AXI4 slave can have: a first beat in the cycle after its address,
 #: which the DMA sends in the cycle after the grant; a response in the cycle after the last beat.
 _MIN_READ_LATENCY = 2
