@@ -592,6 +592,8 @@ class TB:
         coroutine woken every cycle, so they sleep while the bench waits for the NPU."""
         for channel, pauses in self._host_pauses.items():
             channel.set_pause_generator(pauses if on else None)
+            if not on:
+                channel.pause = False
 
     async def reset(self):
         self.dut.rst.value = 1

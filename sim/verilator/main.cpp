@@ -1,13 +1,11 @@
 // The simulation's main loop under Verilator: cocotb's own (cocotb 2.1,
-// share/lib/verilator/verilator.cpp), with two changes. First, the clock is toggled here,
+// share/lib/verilator/verilator.cpp), with one change: the clock is toggled here,
 // in C++, and not by a cocotb Clock. A cocotb clock, even its C++ (GPI) one, costs a timed VPI callback
 // every half period, and that was most of the run time of a simulation whose Python sleeps
 // (sim/runner.py says how much). The clock's half period in simulation time steps comes
 // from the environment, NPU_CLOCK_HALF_STEPS; without it the loop is cocotb's. Everything
 // else (the value-change callbacks behind RisingEdge(clk), timers, ReadOnly) is unchanged,
-// so the cocotb bench cannot tell the difference except by speed. Second, the value-change
-// callbacks are checked again after a group of VPI callbacks only if one of them ran: cocotb's
-// loop checks them four times a time step, which cost a fifth of the run time.
+// so the cocotb bench cannot tell the difference except by speed.
 //
 // Copyright cocotb contributors
 // Licensed under the Revised BSD License, see LICENSE for details.
@@ -205,11 +203,9 @@ int main(int argc, char **argv) {
             } while (VerilatedVpi::evalNeeded());
 
             // Run ReadWrite callback as we are done processing this eval step
-            // (values can only have changed if a callback ran)
-            if (VerilatedVpi::callCbs(cbReadWriteSynch)) {
-                VerilatedVpi::doInertialPuts();
-                settle_value_callbacks();
-            }
+            VerilatedVpi::callCbs(cbReadWriteSynch);
+            VerilatedVpi::doInertialPuts();
+            settle_value_callbacks();
         } while (VerilatedVpi::evalNeeded());
 
         top->eval_end_step();
@@ -247,9 +243,8 @@ int main(int argc, char **argv) {
         // Call registered NextSimTime
         // It should be called in simulation cycle before everything else
         // but not on first cycle
-        if (VerilatedVpi::callCbs(cbNextSimTime)) {
-            settle_value_callbacks();
-        }
+        VerilatedVpi::callCbs(cbNextSimTime);
+        settle_value_callbacks();
 
         // The clock edge of this time step; the eval at the top of the loop takes it, and
         // the value-change callbacks (RisingEdge) see it there.
@@ -261,10 +256,8 @@ int main(int argc, char **argv) {
         // Call registered timed callbacks (e.g. clock timer)
         // These are called at the beginning of the time step
         // before the iterative regions (IEEE 1800-2012 4.4.1)
-        if (VerilatedVpi::cbNextDeadline() <= main_time) {
-            VerilatedVpi::callTimedCbs();
-            settle_value_callbacks();
-        }
+        VerilatedVpi::callTimedCbs();
+        settle_value_callbacks();
     }
 
     top->final();
