@@ -67,7 +67,7 @@ formal: venv
 	$(PY) -m formal
 
 # The utilization sweep and simulator speeds under Verilator -> docs/performance.md and
-# docs/utilization.png (about 7 minutes on 2 cores); `npu bench --quick` for a check.
+# docs/utilization.png (about 3 minutes on 2 cores with the builds cached). `npu bench --quick` for a check.
 bench: venv
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	$(NPU) bench --out docs/performance.md
