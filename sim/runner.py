@@ -72,6 +72,24 @@ def _visibility(build_dir, ports):
 ICARUS_ARGS = ["-g2005"]
 
 
+def _coverage(sim, stage):
+    """Verilator arguments for coverage (``NPU_COVERAGE=1``, see ``sim/coverage.py``).
+
+    ``stage`` is ``"build"`` (line and toggle coverage, in a build folder of its own) or
+    ``"run"``: the simulation writes its counts to a file of its own in ``build/coverage/``,
+    so they outlive the run folder, which :func:`run_programs` deletes.
+    """
+    if sim != "verilator" or os.environ.get("NPU_COVERAGE") != "1":
+        return []
+    if stage == "build":
+        return ["--coverage-line", "--coverage-toggle"]
+    folder = BUILD_ROOT / "coverage"
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, path = tempfile.mkstemp(prefix="run-", suffix=".dat", dir=folder)
+    os.close(handle)
+    return [f"+verilator+coverage+file+{path}"]
+
+
 #: The simulated gateware besides ``hw/``.
 BENCH_SOURCES = ("sim/axi_checker.py", "sim/bench_top.py", "sim/dram.py",
                  "sim/hdl/npu_axi_dram.v", "sim/verilator/main.cpp")
@@ -136,7 +154,9 @@ def _locked(path):
 
 def _build_dir(config, sim, dram):
     public = "-public" if sim == "verilator" and PUBLIC_ALL else ""
-    return BUILD_ROOT / "sim" / sim / f"{config.key()}-{dram}-{_gateware_hash()}{public}"
+    coverage = "-coverage" if _coverage(sim, "build") else ""
+    return (BUILD_ROOT / "sim" / sim /
+            f"{config.key()}-{dram}-{_gateware_hash()}{public}{coverage}")
 
 
 def build(config, sim, dram=None):
@@ -166,6 +186,7 @@ def build(config, sim, dram=None):
             hdl_toplevel=TOPLEVEL,
             build_dir=build_dir,
             build_args=(VERILATOR_ARGS + _visibility(build_dir, ports)
+                        + _coverage(sim, "build")
                         if sim == "verilator"
                         else ICARUS_ARGS),
             timescale=TIMESCALE,
@@ -223,6 +244,7 @@ def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_
             extra_env=env,
             timescale=TIMESCALE if sim == "icarus" else None,
             waves=waves,
+            plusargs=_coverage(sim, "run"),
             log_file=Path(test_dir) / "sim.log",
         )
     except SystemExit as exit:
