@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -75,9 +76,10 @@ ICARUS_ARGS = ["-g2005"]
 def _coverage(sim, stage):
     """Verilator arguments for coverage (``NPU_COVERAGE=1``, see ``sim/coverage.py``).
 
-    ``stage`` is ``"build"`` (line and toggle coverage, in a build folder of its own) or
-    ``"run"``: the simulation writes its counts to a file of its own in ``build/coverage/``,
-    so they outlive the run folder, which :func:`run_programs` deletes.
+    ``stage`` is ``"build"`` (line and toggle coverage, in a build folder of its own, whose
+    Verilog keeps Amaranth's ``src`` attributes) or ``"run"``: the simulation writes its
+    counts to a file of its own in ``build/coverage/``, named after the pytest test that ran
+    it, so they outlive the run folder, which :func:`run_programs` deletes.
     """
     if sim != "verilator" or os.environ.get("NPU_COVERAGE") != "1":
         return []
@@ -85,7 +87,10 @@ def _coverage(sim, stage):
         return ["--coverage-line", "--coverage-toggle"]
     folder = BUILD_ROOT / "coverage"
     folder.mkdir(parents=True, exist_ok=True)
-    handle, path = tempfile.mkstemp(prefix="run-", suffix=".dat", dir=folder)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" (")[0]
+    name = re.sub(r"[^\w.=-]+", "_", test)[-100:].strip("_")
+    handle, path = tempfile.mkstemp(prefix=f"run-{name}-" if name else "run-", suffix=".dat",
+                                    dir=folder)
     os.close(handle)
     return [f"+verilator+coverage+file+{path}"]
 
@@ -178,7 +183,8 @@ def build(config, sim, dram=None):
             return build_dir
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / f"{TOPLEVEL}.v"
-        text, ports = generate_bench_verilog(config, name=TOPLEVEL, dram=dram)
+        text, ports = generate_bench_verilog(config, name=TOPLEVEL, dram=dram,
+                                             emit_src=bool(_coverage(sim, "build")))
         source.write_text(text)
         runner = _get_runner(sim)
         runner.build(
