@@ -13,7 +13,7 @@ FPGA_ARRAY_CONFIGS ?= 4x4,8x8,12x12,16x16
 JOBS    ?= auto
 STAMP   := $(VENV)/.installed
 
-.PHONY: all venv icarus sim demo test test-full formal bench verilog lint trace fpga fpga-report fpga-board clean distclean help
+.PHONY: all venv icarus sim demo test test-full coverage formal bench verilog lint trace fpga fpga-report fpga-board clean distclean help
 
 all: test
 
@@ -26,6 +26,7 @@ help:
 	@echo "make trace               the seeds' 2x2 trace, simulated"
 	@echo "make demo                the digits CNN on the NPU under Verilator -> docs/demo.md"
 	@echo "make bench               utilization sweep and simulator speed -> docs/performance.md"
+	@echo "make coverage            line and toggle coverage of hw/ from the Verilator RTL tests -> docs/verification.md"
 	@echo "make formal              bounded formal proofs of PE, array and DMA (formal/)"
 	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F   ECP5 synthesis + place and route -> build/fpga/*/report.json"
 	@echo "make fpga-report         the ECP5 flow for FPGA_CONFIGS ($(FPGA_CONFIGS)) -> docs/fpga.md"
@@ -62,6 +63,11 @@ test: venv
 
 test-full: venv
 	NPU_FULL=1 $(PY) -m pytest -n $(JOBS) -q
+
+# Line and toggle coverage of hw/ per block from the Verilator RTL tests (sim/coverage.py)
+# -> build/coverage/ and the coverage section of docs/verification.md.
+coverage: venv
+	$(PY) -m sim.coverage --jobs $(JOBS)
 
 formal: venv
 	$(PY) -m formal

@@ -142,13 +142,16 @@ class NPUBench(wiring.Component):
         return m
 
 
-def generate_bench_verilog(config, *, name, dram=DRAM_MODELS[0], dram_bytes=None):
+def generate_bench_verilog(config, *, name, dram=DRAM_MODELS[0], dram_bytes=None,
+                           emit_src=False):
     """Verilog text of :class:`NPUBench` for ``config`` and ``dram``, top module ``name``
     (for ``hdl``, the DRAM's own Verilog, :data:`sim.dram.VERILOG_SOURCE`, is compiled beside
-    it), and its ports: name -> ``"input"`` or ``"output"``."""
+    it), and its ports: name -> ``"input"`` or ``"output"``. With ``emit_src``, every signal,
+    process and operator carries the Amaranth line it comes from (``(* src = ... *)``; the
+    coverage build, which ``sim/coverage.py`` maps back to ``hw/`` with them)."""
     bench = NPUBench(config, dram=dram, dram_bytes=dram_bytes)
     ports = top_ports(bench)
-    text = verilog.convert(bench, name=name, ports=ports, emit_src=False)
+    text = verilog.convert(bench, name=name, ports=ports, emit_src=emit_src)
     return text, {port: "output" if direction == direction.Output else "input"
                   for port, (value, direction) in ports.items()}
 

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -70,6 +71,28 @@ def _visibility(build_dir, ports):
 # declaration; under the runner's -g2012 that initialisation raises no event and the blocks
 # whose inputs never change stay X. Verilog-2005 semantics (the last -g wins) restore it.
 ICARUS_ARGS = ["-g2005"]
+
+
+def _coverage(sim, stage):
+    """Verilator arguments for coverage (``NPU_COVERAGE=1``, see ``sim/coverage.py``).
+
+    ``stage`` is ``"build"`` (line and toggle coverage, in a build folder of its own, whose
+    Verilog keeps Amaranth's ``src`` attributes) or ``"run"``: the simulation writes its
+    counts to a file of its own in ``build/coverage/``, named after the pytest test that ran
+    it, so they outlive the run folder, which :func:`run_programs` deletes.
+    """
+    if sim != "verilator" or os.environ.get("NPU_COVERAGE") != "1":
+        return []
+    if stage == "build":
+        return ["--coverage-line", "--coverage-toggle"]
+    folder = BUILD_ROOT / "coverage"
+    folder.mkdir(parents=True, exist_ok=True)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" (")[0]
+    name = re.sub(r"[^\w.=-]+", "_", test)[-100:].strip("_")
+    handle, path = tempfile.mkstemp(prefix=f"run-{name}-" if name else "run-", suffix=".dat",
+                                    dir=folder)
+    os.close(handle)
+    return [f"+verilator+coverage+file+{path}"]
 
 
 #: The simulated gateware besides ``hw/``.
@@ -136,7 +159,9 @@ def _locked(path):
 
 def _build_dir(config, sim, dram):
     public = "-public" if sim == "verilator" and PUBLIC_ALL else ""
-    return BUILD_ROOT / "sim" / sim / f"{config.key()}-{dram}-{_gateware_hash()}{public}"
+    coverage = "-coverage" if _coverage(sim, "build") else ""
+    return (BUILD_ROOT / "sim" / sim /
+            f"{config.key()}-{dram}-{_gateware_hash()}{public}{coverage}")
 
 
 def build(config, sim, dram=None):
@@ -158,7 +183,8 @@ def build(config, sim, dram=None):
             return build_dir
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / f"{TOPLEVEL}.v"
-        text, ports = generate_bench_verilog(config, name=TOPLEVEL, dram=dram)
+        text, ports = generate_bench_verilog(config, name=TOPLEVEL, dram=dram,
+                                             emit_src=bool(_coverage(sim, "build")))
         source.write_text(text)
         runner = _get_runner(sim)
         runner.build(
@@ -166,6 +192,7 @@ def build(config, sim, dram=None):
             hdl_toplevel=TOPLEVEL,
             build_dir=build_dir,
             build_args=(VERILATOR_ARGS + _visibility(build_dir, ports)
+                        + _coverage(sim, "build")
                         if sim == "verilator"
                         else ICARUS_ARGS),
             timescale=TIMESCALE,
@@ -223,6 +250,7 @@ def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_
             extra_env=env,
             timescale=TIMESCALE if sim == "icarus" else None,
             waves=waves,
+            plusargs=_coverage(sim, "run"),
             log_file=Path(test_dir) / "sim.log",
         )
     except SystemExit as exit:
