@@ -1,4 +1,4 @@
-"""Line and toggle coverage of the gateware (``hw/``) from the RTL regression: ``make coverage``.
+"""Line and toggle coverage of the gateware (``hw/``) from the RTL tests: ``make coverage``.
 
 ``NPU_COVERAGE=1`` makes :mod:`sim.runner` build the Verilator models with
 ``--coverage-line --coverage-toggle`` from Verilog that keeps Amaranth's ``src`` attributes
@@ -62,7 +62,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SELECTION = ["-m", "rtl", "-k", "not icarus and not same_cycles_on_both_simulators "
                                 "and not test_verilog and not mutants"]
 
-BEGIN = "<!-- coverage: begin (written by `make coverage`, sim/coverage.py; edits here are lost) -->"
+BEGIN = ("<!-- coverage: begin (written by `make coverage`, sim/coverage.py; "
+         "edits here are lost) -->")
 END = "<!-- coverage: end -->"
 
 #: Uncovered points that need no test: ``(block, pattern, reason)``; the pattern is a regular
@@ -187,11 +188,12 @@ def block_of(hierarchy):
 _SRC = re.compile(r'\(\* src = "([^"]*)" \*\)\s*')
 _ATTRIBUTE_LINE = re.compile(r"^\s*\(\*.*\*\)\s*$")
 _MODULE = re.compile(r"^module\s+(\\\S+|\w+)")
-_DECLARATION = re.compile(r"^\s*(?:input|output|inout|wire|reg)\s+(?:signed\s+)?(?:\[[^\]]*\]\s*)?"
-                          r"(\\\S+|[A-Za-z_][\w$]*)")
-_ASSIGN = re.compile(r"^\s*assign\s+(\\\S+|[A-Za-z_][\w$]*)\s*=")
-_REGISTER = re.compile(r"^\s*(\\\S+|[A-Za-z_][\w$]*)\s*(?:\[[^\]]*\])?\s*<=\s*(\\\S+|[A-Za-z_][\w$]*)\s*;")
-_BLOCKING = re.compile(r"^\s*(\\\S+|[A-Za-z_][\w$]*)\s*(?:\[[^\]]*\])?\s*<?=")
+_NAME = r"(\\\S+|[A-Za-z_][\w$]*)"       # plain, or escaped: \npu.host, \$12
+_DECLARATION = re.compile(r"^\s*(?:input|output|inout|wire|reg)\s+(?:signed\s+)?"
+                          r"(?:\[[^\]]*\]\s*)?" + _NAME)
+_ASSIGN = re.compile(r"^\s*assign\s+" + _NAME + r"\s*=")
+_REGISTER = re.compile(r"^\s*" + _NAME + r"\s*(?:\[[^\]]*\])?\s*<=\s*" + _NAME + r"\s*;")
+_BLOCKING = re.compile(r"^\s*" + _NAME + r"\s*(?:\[[^\]]*\])?\s*<?=")
 _IF = re.compile(r"^\s*(?:end\s+else\s+)?if\s*\((.*)\)\s*begin(?:\s*end)?\s*$")
 _IF_STATEMENT = re.compile(r"^\s*if\s*\((.*)\)\s*$")
 _ELSE = re.compile(r"^\s*end\s+else\s+begin\s*$")
@@ -643,17 +645,21 @@ def report(coverage, *, builds, tests, seconds, waivers=None, toggle_signals=12)
         any_uncovered = True
         out.append(f"`{block}`:")
         out.append("")
+        # The points one reason explains are listed under it.
+        by_reason = defaultdict(list)
         for point in uncovered:
-            source, line, text, src = point.where[0]
             reason = waiver_for(point, waivers)
             if reason is None:
                 missing += 1
                 reason = "**no test and no reason yet**"
-            declared = f", declared at `{src}`" if src else ""
-            present = sorted({_build_name(where[0]) for where in point.where})
-            scope = "every build" if len(present) == len(builds) else ", ".join(present)
-            out.append(f"* `{point.description}`{declared} (`{text}`, "
-                       f"{_build_name(source)}:{line}; in {scope}): {reason}")
+            by_reason[reason].append(point)
+        for reason, points in by_reason.items():
+            entries = [_entry(point, builds) for point in points]
+            if len(entries) == 1:
+                out.append(f"* {entries[0]}: {reason}")
+            else:
+                out.append(f"* {reason}")
+                out += [f"  * {entry}" for entry in entries]
         out.append("")
     if not any_uncovered:
         out.append("None.")
@@ -674,6 +680,17 @@ def report(coverage, *, builds, tests, seconds, waivers=None, toggle_signals=12)
         out.append(f"* `{block}`: {', '.join(shown)}{tail}")
     out.append("")
     return "\n".join(out), missing
+
+
+def _entry(point, builds):
+    """An uncovered point as the report lists it: its description, where its signal is
+    declared, its first Verilog line and the builds that have it."""
+    source, line, text, src = point.where[0]
+    declared = f", declared at `{src}`" if src else ""
+    present = sorted({_build_name(where[0]) for where in point.where})
+    scope = "every build" if len(present) == len(builds) else ", ".join(present)
+    return (f"`{point.description}`{declared} (`{text}`, {_build_name(source)}:{line}; "
+            f"in {scope})")
 
 
 def _owner(source):
@@ -804,7 +821,8 @@ def main(argv=None):
     parser.add_argument("--no-run", action="store_true",
                         help="use the coverage files already in build/coverage/")
     parser.add_argument("--out", default=str(PROJECT_ROOT / "docs" / "verification.md"),
-                        help="the Markdown file with the markers (default docs/verification.md)")
+                        help="the Markdown file with the markers "
+                             "(default docs/verification.md)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments")
     args = parser.parse_args(argv)
 

@@ -95,8 +95,9 @@ def key(**fields):
 
 def point(source, hierarchy, kind, line, comment, count, column=5):
     page = {"line": "v_line", "branch": "v_branch", "toggle": "v_toggle"}[kind]
-    return (f"C '{key(f=source, l=line, n=column, t=kind, page=f'{page}/{hierarchy}', o=comment, h=hierarchy)}'"
-            f" {count}")
+    keys = key(f=source, l=line, n=column, t=kind, page=f"{page}/{hierarchy}", o=comment,
+               h=hierarchy)
+    return f"C '{keys}' {count}"
 
 
 HOST = "npu_bench.npu.host"
@@ -242,7 +243,8 @@ def test_report_lists_each_uncovered_point_with_its_reason():
     text, missing = report(coverage, builds={"2x2_s16_a8_b64"}, tests="3 tests, all passed",
                            seconds=75, waivers=waivers)
     assert missing == 0
-    assert "| `npu.host` | HostInterface (`hw/host.py`) | 7 / 8 (87.5%) | 0 / 2 (0.0%) |" in text
+    assert ("| `npu.host` | HostInterface (`hw/host.py`) | 7 / 8 (87.5%) | 0 / 2 (0.0%) |"
+            in text)
     assert re.search(r"\* `busy_\*: if <hw/host\.py:30>; kind = IDLE \[case\]`, declared at "
                      r"`hw/host\.py:20` \(`2'h0:`, 2x2_s16_a8_b64:\d+; in every build\): IDLE "
                      r"leaves busy as it is", text)
@@ -279,3 +281,18 @@ def test_annotate_marks_the_lines_never_reached(tmp_path):
     assert lines[dummy - 1] == " " * 8 + VERILOG.splitlines()[dummy - 1]
     assert lines[line_of("assign \\$1")-1].endswith("assign \\$1  = start & (* src = "
                                                    "\"/any/where/hw/host.py:30\" *) ready;")
+
+
+def test_report_lists_the_points_of_one_reason_under_it():
+    coverage = coverage_of(sample(BUILD_A, {"if": 1, "else": 1, "rst": 1, "read": 1,
+                                            "then": 1}))
+    waivers = [("npu.host", r"^(busy_\*|picked): ", "one reason for both")]
+    text, missing = report(coverage, builds={"2x2_s16_a8_b64"}, tests="1 test", seconds=1,
+                           waivers=waivers)
+    assert missing == 0
+    assert text.count("one reason for both") == 1
+    lines = text.splitlines()
+    index = lines.index("* one reason for both")
+    assert lines[index + 1].startswith("  * `busy_*: if <hw/host.py:30>; kind = BUSY [case]`")
+    assert lines[index + 2].startswith("  * `busy_*: if <hw/host.py:30>; kind = IDLE [case]`")
+    assert lines[index + 3].startswith("  * `picked: false arm of busy_* ? data : 8'h00`")
