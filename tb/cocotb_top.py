@@ -152,8 +152,9 @@ async def program_registers_by_byte(dut):
     tb = TB(dut, DRAM_SIZE)
     await tb.reset()
     for reg in (Reg.PROG_ADDR, Reg.PROG_LEN):
-        await tb.write_reg(reg, 0x12345678)
-        assert await tb.read_reg(reg) == 0x12345678
+        for value in (0xFFFF_FFFF, 0, 0x12345678):          # every bit both ways
+            await tb.write_reg(reg, value)
+            assert await tb.read_reg(reg) == value, f"{reg.name} = {value:#x}"
         value = 0x12345678
         for lane, byte in enumerate([0xA1, 0xB2, 0xC3, 0xD4]):
             await tb.host.write(reg + lane, bytes([byte]))        # wstrb = 1 << lane

@@ -330,11 +330,56 @@ def _directed_programs(config):
     acc_row = 4 * c
     end = codec.encode(Opcode.END)
     illegal = 0xFF                              # opcode 0xFF, every operand zero
-    store_over = lambda pc: codec.encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=acc_row,
-                                         dram_addr=PROG_ADDR + 16 * pc, dram_stride=0)
-    load_acc_row = lambda addr: codec.encode(Opcode.LOAD_ACC, local_addr=0, rows=1,
-                                             row_bytes=acc_row, dram_addr=addr, dram_stride=0)
+    rng = np.random.default_rng(BASE_SEED + 77)
     programs = []
+
+    def store_over(pc):
+        return codec.encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=acc_row,
+                            dram_addr=PROG_ADDR + 16 * pc, dram_stride=0)
+
+    def load_acc_row(addr):
+        return codec.encode(Opcode.LOAD_ACC, local_addr=0, rows=1, row_bytes=acc_row,
+                            dram_addr=addr, dram_stride=0)
+
+    def gemm(weight_row, act_rows, acc_addr):
+        """Weights into scratchpad rows ``weight_row..``, PRELOAD, one MATMUL per activation
+        row in ``act_rows`` (the first overwrites accumulator row ``acc_addr``, the others
+        add to it, each right behind the one before), STORE to OUTPUT. Returns the program,
+        its data and the row it must store."""
+        weights = rng.integers(-128, 128, size=(r, c), dtype=np.int8)
+        acts = rng.integers(-128, 128, size=(len(act_rows), r), dtype=np.int8)
+        words = [codec.encode(Opcode.LOAD_SPAD, local_addr=weight_row, rows=r, row_bytes=c,
+                              dram_addr=DATA, dram_stride=c),
+                 codec.encode(Opcode.LOAD_SPAD, local_addr=act_rows[0], rows=len(act_rows),
+                              row_bytes=r, dram_addr=DATA + 0x400, dram_stride=r),
+                 codec.encode(Opcode.PRELOAD, spad_addr=weight_row)]
+        words += [codec.encode(Opcode.MATMUL, spad_addr=row, acc_addr=acc_addr, rows=1,
+                               accumulate=int(index > 0))
+                  for index, row in enumerate(act_rows)]
+        words += [codec.encode(Opcode.STORE, acc_addr=acc_addr, rows=1, row_bytes=acc_row,
+                               dram_addr=OUTPUT, dram_stride=0), end]
+        want = (acts.astype(np.int64) @ weights.astype(np.int64)).sum(axis=0).astype("<i4")
+
+        def check(result):
+            assert result.done, result
+            got = np.frombuffer(result.dram[OUTPUT:OUTPUT + acc_row].tobytes(), "<i4")
+            assert np.array_equal(got, want), (got, want)
+        return words, {DATA: weights.tobytes(), DATA + 0x400: acts.tobytes()}, check
+
+    # INT32_MIN times the multiplier INT32_MIN: the doubling high multiply saturates to
+    # INT32_MAX (TFLite's SaturatingRoundingDoublingHighMul), then clamps to 127. (First, so
+    # that the programs after it take the saturation away again.)
+    def saturated(result):
+        assert result.done, result
+        assert result.dram[OUTPUT:OUTPUT + c].tolist() == [127] * c, result.dram[OUTPUT:]
+    minimum = np.full(c, INT32_MIN, "<i4").tobytes()
+    programs.append(("requantization saturates", [
+        load_acc_row(DATA),
+        codec.encode(Opcode.LOAD_QUANT, dram_addr=QUANT, dram_stride=acc_row,
+                     row_bytes=acc_row, zero_point=0, act_min=-128, act_max=127),
+        codec.encode(Opcode.STORE_Q, acc_addr=0, rows=1, row_bytes=c, dram_addr=OUTPUT,
+                     dram_stride=0),
+        end], {DATA: minimum, QUANT: minimum + bytes(acc_row)}, saturated))
 
     # A store over instructions the fetcher has already read: they are read again. Word 2 is
     # illegal until the store makes its first bytes those of END; then an END the store
@@ -353,47 +398,26 @@ def _directed_programs(config):
 
     # Two MATMULs into one accumulator row, the second right behind the first: the
     # accumulator's second write reads the row its first write has not stored yet.
-    rng = np.random.default_rng(BASE_SEED + 77)
-    weights = rng.integers(-128, 128, size=(r, c), dtype=np.int8)
-    acts = rng.integers(-128, 128, size=(2, r), dtype=np.int8)
-    sums = (acts.astype(np.int64) @ weights.astype(np.int64)).sum(axis=0).astype("<i4")
+    programs.append(("two MATMULs into one row, back to back", *gemm(0, [r, r + 1], 0)))
 
-    def two_matmuls_summed(result):
-        assert result.done, result
-        got = np.frombuffer(result.dram[OUTPUT:OUTPUT + acc_row].tobytes(), "<i4")
-        assert np.array_equal(got, sums), (got, sums)
-    programs.append(("two MATMULs into one row, back to back", [
-        codec.encode(Opcode.LOAD_SPAD, local_addr=0, rows=r, row_bytes=c, dram_addr=DATA,
-                     dram_stride=c),
-        codec.encode(Opcode.LOAD_SPAD, local_addr=r, rows=2, row_bytes=r,
-                     dram_addr=DATA + 0x40, dram_stride=r),
-        codec.encode(Opcode.PRELOAD, spad_addr=0),
-        codec.encode(Opcode.MATMUL, spad_addr=r, acc_addr=0, rows=1, accumulate=0),
-        codec.encode(Opcode.MATMUL, spad_addr=r + 1, acc_addr=0, rows=1, accumulate=1),
-        codec.encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=acc_row, dram_addr=OUTPUT,
-                     dram_stride=0),
-        end], {DATA: weights.tobytes(), DATA + 0x40: acts.tobytes()}, two_matmuls_summed))
-
-    # INT32_MIN times the multiplier INT32_MIN: the doubling high multiply saturates to
-    # INT32_MAX (TFLite's SaturatingRoundingDoublingHighMul), then clamps to 127.
-    def saturated(result):
-        assert result.done, result
-        assert result.dram[OUTPUT:OUTPUT + c].tolist() == [127] * c, result.dram[OUTPUT:]
-    minimum = np.full(c, INT32_MIN, "<i4").tobytes()
-    programs.append(("requantization saturates", [
-        load_acc_row(DATA),
-        codec.encode(Opcode.LOAD_QUANT, dram_addr=QUANT, dram_stride=acc_row,
-                     row_bytes=acc_row, zero_point=0, act_min=-128, act_max=127),
-        codec.encode(Opcode.STORE_Q, acc_addr=0, rows=1, row_bytes=c, dram_addr=OUTPUT,
-                     dram_stride=0),
-        end], {DATA: minimum, QUANT: minimum + bytes(acc_row)}, saturated))
+    # Weights, activations and results at the last rows of the memories: every address bit
+    # of both scratchpad read ports and the accumulator (the compiler keeps the weights in
+    # the first 2R rows).
+    last = config.spad_depth - r
+    programs.append(("the last rows of the memories",
+                     *gemm(last, [last - 2, last - 1], config.acc_depth - 1)))
     return programs
 
 
+DIRECTED_CONFIGS = [DIFFERENTIAL_CONFIGS[0], NPUConfig.from_name("5x3", bus_width=32)]
+
+
 @pytest.mark.parametrize("sim", ["verilator", "icarus"])
-def test_directed_programs(sim):
+@pytest.mark.parametrize("config", DIRECTED_CONFIGS,
+                         ids=[f"{config.name}-s{config.spad_depth}-bus{config.bus_width}"
+                              for config in DIRECTED_CONFIGS])
+def test_directed_programs(sim, config):
     from sw.model import ModelNPU
-    config = DIFFERENTIAL_CONFIGS[0]
     programs = _directed_programs(config)
     images = []
     for name, words, data, check in programs:
