@@ -367,19 +367,23 @@ def _directed_programs(config):
         return words, {DATA: weights.tobytes(), DATA + 0x400: acts.tobytes()}, check
 
     # INT32_MIN times the multiplier INT32_MIN: the doubling high multiply saturates to
-    # INT32_MAX (TFLite's SaturatingRoundingDoublingHighMul), then clamps to 127. (First, so
-    # that the programs after it take the saturation away again.)
+    # INT32_MAX (TFLite's SaturatingRoundingDoublingHighMul), then clamps to 127, with a
+    # clamp from -128 and then from 0 (ReLU). (First, so that the programs after it take the
+    # saturation away again.)
     def saturated(result):
         assert result.done, result
         assert result.dram[OUTPUT:OUTPUT + c].tolist() == [127] * c, result.dram[OUTPUT:]
+        assert result.dram[OUTPUT + 16:OUTPUT + 16 + c].tolist() == [127] * c
     minimum = np.full(c, INT32_MIN, "<i4").tobytes()
-    programs.append(("requantization saturates", [
-        load_acc_row(DATA),
-        codec.encode(Opcode.LOAD_QUANT, dram_addr=QUANT, dram_stride=acc_row,
-                     row_bytes=acc_row, zero_point=0, act_min=-128, act_max=127),
-        codec.encode(Opcode.STORE_Q, acc_addr=0, rows=1, row_bytes=c, dram_addr=OUTPUT,
-                     dram_stride=0),
-        end], {DATA: minimum, QUANT: minimum + bytes(acc_row)}, saturated))
+    programs.append(("requantization saturates", [load_acc_row(DATA)] + [
+        word
+        for act_min, offset in [(-128, 0), (0, 16)]
+        for word in [
+            codec.encode(Opcode.LOAD_QUANT, dram_addr=QUANT, dram_stride=acc_row,
+                         row_bytes=acc_row, zero_point=0, act_min=act_min, act_max=127),
+            codec.encode(Opcode.STORE_Q, acc_addr=0, rows=1, row_bytes=c,
+                         dram_addr=OUTPUT + offset, dram_stride=0)]] + [end],
+        {DATA: minimum, QUANT: minimum + bytes(acc_row)}, saturated))
 
     # A store over instructions the fetcher has already read: they are read again. Word 2 is
     # illegal until the store makes its first bytes those of END; then an END the store
@@ -396,9 +400,15 @@ def _directed_programs(config):
                      [load_acc_row(DATA), store_over(2), end],
                      {DATA: bytes(acc_row)}, illegal_at_two))
 
-    # Two MATMULs into one accumulator row, the second right behind the first: the
-    # accumulator's second write reads the row its first write has not stored yet.
-    programs.append(("two MATMULs into one row, back to back", *gemm(0, [r, r + 1], 0)))
+    # A store to the top MiB of the address space, outside the DRAM: every high bit of the
+    # write address (the tests' DRAMs are small), answered SLVERR.
+    def bus_write_at_one(result):
+        assert (result.error_code, result.error_pc) == (ErrorCode.BUS_WRITE, 1), result
+    programs.append(("a store near 4 GiB", [
+        load_acc_row(DATA),
+        codec.encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=acc_row,
+                     dram_addr=0xFFF0_0000, dram_stride=0),
+        end], {DATA: bytes(acc_row)}, bus_write_at_one))
 
     # Weights, activations and results at the last rows of the memories: every address bit
     # of both scratchpad read ports and the accumulator (the compiler keeps the weights in
@@ -406,6 +416,10 @@ def _directed_programs(config):
     last = config.spad_depth - r
     programs.append(("the last rows of the memories",
                      *gemm(last, [last - 2, last - 1], config.acc_depth - 1)))
+
+    # Two MATMULs into one accumulator row, the second right behind the first: the
+    # accumulator's second write reads the row its first write has not stored yet.
+    programs.append(("two MATMULs into one row, back to back", *gemm(0, [r, r + 1], 0)))
     return programs
 
 
