@@ -530,6 +530,10 @@ def analyse(merged, models):
     ``f`` of the points) to its :class:`VerilogModel`, or to ``None`` when it is unknown:
     then a line point is named by its file and line, and only merges with itself."""
     coverage = Coverage()
+    for model in models.values():
+        for module, src in (model.module_src.items() if model is not None else ()):
+            if block_of(module) is not None and src:
+                coverage.module_src.setdefault(block_of(module), src)
     # In file and line order, so that the first place listed for a point is its first.
     for keys, count in sorted(merged.items(), key=lambda item: _order(item[0])):
         point = dict(keys)
@@ -560,10 +564,8 @@ def analyse(merged, models):
                 continue
             text = model.lines[line - 1].strip() if line <= len(model.lines) else ""
             src = model.target_src(line)
-            module = model.module.get(line, point.get("h"))
-            coverage.module_src.setdefault(block, model.module_src.get(module))
         else:
-            description, text, src, module = f"{source}:{line} {comment}", "", None, source
+            description, text, src = f"{source}:{line} {comment}", "", None
         key = (description, comment)
         entry = coverage.lines[block].setdefault(key, _LinePoint(block, _label(description,
                                                                                  comment)))
