@@ -575,6 +575,12 @@ class TB:
             self.log.info("back-pressure on, seed %d, %s DRAM", backpressure, self.dram_model)
         mutant = os.environ.get("NPU_MUTANT", "").strip()
         dut.axi_check_disable.value = 0
+        dut.bench_sleep.value = 0
+        #: Whether :meth:`wait_irq` lets Verilator run the clock without waking cocotb
+        #: (``bench_sleep``, :class:`sim.bench_top.NPUBench`): only with the HDL DRAM, where
+        #: no Python model waits for the bus. A test that keeps a coroutine of its own
+        #: waiting for a signal while it waits for the interrupt sets it to ``False``.
+        self.sleeps = isinstance(self.dram, HDLDramModel)
         if mutant == "drop_writes" and isinstance(self.dram, HDLDramModel):
             self.dram.drop_writes()
         elif mutant.startswith("checker_without_"):
@@ -625,14 +631,17 @@ class TB:
         if self.dut.irq.value:
             return
         self._pause_host(False)
+        self.dut.bench_sleep.value = int(self.sleeps)
         try:
             await with_timeout(RisingEdge(self.dut.irq), timeout_cycles * CLOCK_NS, "ns")
         except SimTimeoutError:
+            self.dut.bench_sleep.value = 0
             self._pause_host(True)
             status = await self.read_reg(Reg.STATUS)
             pc = await self.read_reg(Reg.PC)
             raise ProgramHang(f"no interrupt within {timeout_cycles} cycles: STATUS "
                               f"{status:#x}, PC {pc}") from None
+        self.dut.bench_sleep.value = 0
         self._pause_host(True)
 
     async def outcome(self):

@@ -81,6 +81,12 @@ class NPUBench(wiring.Component):
     axi_check_rule : Out(Rule)
     axi_check_addr, axi_check_cycle : Out(32)
         The checker's report.
+    bench_sleep : In(1)
+        Set by the bench while its Python sleeps until ``bench_wake``: Verilator's main loop
+        (``sim/verilator/main.cpp``) then runs the clock without calling into cocotb at all
+        until ``bench_wake`` rises or a cocotb timer falls due. No gateware reads it.
+    bench_wake : Out(1)
+        ``irq`` or ``axi_check_error``: what a sleeping bench waits for.
     """
     def __init__(self, config, *, dram=DRAM_MODELS[0], dram_bytes=None):
         if not isinstance(config, NPUConfig):
@@ -100,6 +106,8 @@ class NPUBench(wiring.Component):
             "axi_check_rule":  Out(Rule),
             "axi_check_addr":  Out(32),
             "axi_check_cycle": Out(32),
+            "bench_sleep":     In(1),
+            "bench_wake":      Out(1),
         }
         if dram == "hdl":
             self.dram_model = HDLDram(data_width=config.bus_width,
@@ -138,6 +146,7 @@ class NPUBench(wiring.Component):
             self.axi_check_rule.eq(checker.rule),
             self.axi_check_addr.eq(checker.addr),
             self.axi_check_cycle.eq(checker.cycle),
+            self.bench_wake.eq(npu.irq | checker.error),
         ]
         return m
 

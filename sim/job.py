@@ -26,6 +26,7 @@ async def run_job(dut):
     await tb.reset()
     trace = os.environ.get("NPU_TRACE")
     if trace:
+        tb.sleeps = False  # _trace wakes in every cycle
         cocotb.start_soon(_trace(dut, Path(trace)))
     results = []
     for index, (program, image) in enumerate(zip(spec["programs"], images)):

@@ -5,7 +5,9 @@
 // (sim/runner.py says how much). The clock's half period in simulation time steps comes
 // from the environment, NPU_CLOCK_HALF_STEPS; without it the loop is cocotb's. Everything
 // else (the value-change callbacks behind RisingEdge(clk), timers, ReadOnly) is unchanged,
-// so the cocotb bench cannot tell the difference except by speed.
+// so the cocotb bench cannot tell the difference except by speed. A second change: while
+// the bench sleeps (the top level's bench_sleep, see sim/bench_top.py), the clock runs in a
+// loop of its own with no call into cocotb until the bench's wake-up signal or its timer.
 //
 // Copyright cocotb contributors
 // Licensed under the Revised BSD License, see LICENSE for details.
@@ -258,6 +260,32 @@ int main(int argc, char **argv) {
         // before the iterative regions (IEEE 1800-2012 4.4.1)
         VerilatedVpi::callTimedCbs();
         settle_value_callbacks();
+
+        // The bench sleeps (bench_sleep, set from Python while it waits for bench_wake):
+        // run the clock here without calling into cocotb, time step after time step,
+        // until bench_wake rises, the next cocotb timer falls due or the design finishes.
+        // The time step where that happens is evaluated again by the loop above (nothing
+        // has changed, so that costs nothing), which runs its callbacks at its exact time.
+        // A bench that sleeps promises that nothing else in Python waits for a signal.
+#if VM_TRACE
+        const bool fast = clock_half && !tfp;
+#else
+        const bool fast = clock_half;
+#endif
+        if (fast && top->bench_sleep && !top->bench_wake) {
+            const vluint64_t deadline = VerilatedVpi::cbNextDeadline();
+            while (true) {
+                top->eval_step();
+                if (top->bench_wake || Verilated::gotFinish() ||
+                    next_clock_edge >= deadline || !top->bench_sleep) {
+                    break;
+                }
+                top->eval_end_step();
+                main_time = next_clock_edge;
+                top->clk = !top->clk;
+                next_clock_edge += clock_half;
+            }
+        }
     }
 
     top->final();
