@@ -51,6 +51,11 @@ icarus:
 	    exit 1; \
 	  fi; \
 	fi
+	@# ccache is optional: Verilator builds share their runtime library through it.
+	@if ! command -v ccache >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing ccache (apt-get install -y ccache)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache) >/dev/null || true; \
+	fi
 
 sim: venv
 	$(NPU) gemm --m 64 --k 100 --n 100 --config $(CONFIG) --sim verilator --seed 1

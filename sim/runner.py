@@ -105,6 +105,17 @@ COCOTB_TEST_FILES = "cocotb_*.py job.py"
 #: Arguments of the make that compiles the Verilated model.
 VERILATOR_MAKE_ARGS = os.environ.get("NPU_VERILATOR_MAKE", "OPT_FAST=-O2").split()
 
+
+def _objcache():
+    """The make argument that compiles through ccache, if it is installed (Verilator's
+    ``OBJCACHE``), with its cache in ``build/ccache``. Every build compiles Verilator's
+    runtime (``verilated.cpp``, ``verilated_vpi.cpp``...) and the main loop, the same for
+    every configuration: 14 of the 28 s of a 2x2 build, a few seconds with the cache."""
+    ccache = shutil.which("ccache")
+    if ccache is None or os.environ.get("NPU_CCACHE") == "0":
+        return []
+    return [f"OBJCACHE=env CCACHE_DIR={BUILD_ROOT / 'ccache'} {ccache}"]
+
 #: The Verilator build's main loop, which toggles the clock in C++ (see the file).
 VERILATOR_MAIN = PROJECT_ROOT / "sim" / "verilator" / "main.cpp"
 
@@ -121,7 +132,7 @@ def _get_runner(sim):
             commands = super()._build_command()
             commands[0] = [str(VERILATOR_MAIN) if str(arg).endswith("verilator.cpp") else arg
                            for arg in commands[0]]
-            commands[1] = list(commands[1]) + VERILATOR_MAKE_ARGS
+            commands[1] = list(commands[1]) + VERILATOR_MAKE_ARGS + _objcache()
             return commands
     return _Verilator()
 
