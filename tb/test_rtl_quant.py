@@ -67,8 +67,9 @@ def test_conv2d(sim, lowering):
 
 @pytest.mark.parametrize("sim", ["verilator"] + (["icarus"] if FULL else []))
 def test_seeds_pointwise_layer(sim):
-    """Seeds section 4.1: a 1x1 convolution, C_in = C_out = 100 on a 56 x 56 map, on 16x16."""
-    config = NPUConfig.from_name("16x16")
+    """Seeds section 4.1: a 1x1 convolution, C_in = C_out = 100 on a 56 x 56 map, on 16x16
+    (with the 128-bit bus that feeds it a row per cycle, the build tb/test_timing.py has)."""
+    config = NPUConfig.from_name("16x16", bus_width=128)
     rng = np.random.default_rng(BASE_SEED)
     problem = random_conv_problem(rng, 1, 56, 56, 100, 100, 1)
     result = conv2d_batch([problem], config=config, sim=sim)[0]

@@ -28,7 +28,7 @@ BASE_SEED = int(os.environ.get("NPU_SEED", "20261202"))
 SHAPES_PER_CONFIG = 30
 #: Random shapes are drawn again while the model predicts more cycles than this.
 CYCLE_BUDGET = 30_000
-CONFIGS = [("4x4", 32), ("8x8", 64), ("16x16", 128)]
+CONFIGS = [("5x3", 32), ("8x8", 64), ("16x16", 128)]
 
 
 def _shapes(config, rng):
