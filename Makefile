@@ -64,10 +64,10 @@ demo: venv
 	$(NPU) demo digits --config $(CONFIG) --sim verilator --out docs/demo.md
 
 test: venv
-	$(PY) -m pytest -n $(JOBS) -q
+	$(PY) -m pytest -n $(JOBS) --dist worksteal -q
 
 test-full: venv
-	NPU_FULL=1 $(PY) -m pytest -n $(JOBS) -q
+	NPU_FULL=1 $(PY) -m pytest -n $(JOBS) --dist worksteal -q
 
 # Line and toggle coverage of hw/ per block from the Verilator RTL tests (sim/coverage.py)
 # -> build/coverage/ and the coverage section of docs/verification.md.
