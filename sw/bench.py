@@ -35,7 +35,7 @@ import numpy as np
 
 from hw.config import NPUConfig
 from .compiler import compile_gemm, scalesim_cycles
-from .driver import gemm_batch, reference_gemm
+from .driver import gemm_batch, prepare_gemm, reference_gemm, run_jobs
 from .errors import BackendUnavailable, NPUError
 from .timing import predict_gemm
 
@@ -186,7 +186,8 @@ def simulator_speed(runs=None, command=SPEED_COMMAND):
     and of the whole ``npu`` ``command`` (:func:`command_speed`; ``None``: not run).
 
     End to end is the longer GEMM's cycles over its wall time; steady state is the extra
-    cycles of the longer GEMM over its extra wall time, which leaves the start out."""
+    cycles of the longer GEMM over the simulator's extra time (:func:`rtl_speed`), which
+    leaves the start and the program's compilation out."""
     config = NPUConfig.from_name("8x8")
     rng = np.random.default_rng(SEED)
     gemms = []
@@ -211,20 +212,25 @@ def rtl_speed(config, sim, dram, pairs):
     clock stops), after an untimed run of the first that builds (or finds the cached build)
     and warms up.
 
-    Returns ``[((m, k, n), cycles, seconds), ...]``; a result that is not bit-exact raises
+    Returns ``[((m, k, n), cycles, seconds, simulator seconds), ...]``, the last the time of
+    the simulation alone (its start, loading DRAM, the run, the dump: everything but the
+    program's compilation in Python and the check); a result that is not bit-exact raises
     :class:`BenchMismatch`."""
     timed = []
     with _dram(dram):
         gemm_batch(pairs[:1], config=config, sim=sim)
         for a, b in pairs:
             start = time.perf_counter()
-            (result,) = gemm_batch([(a, b)], config=config, sim=sim)
+            jobs = [prepare_gemm(a, b, config=config)]
+            simulation = time.perf_counter()
+            (result,) = run_jobs(jobs, config, sim)
+            simulated = time.perf_counter() - simulation
             wall = time.perf_counter() - start
             (m, k), n = a.shape, b.shape[1]
             if not np.array_equal(result.c, reference_gemm(a, b)):
                 raise BenchMismatch(f"{m}x{k}x{n} on {config.name} ({sim}, {dram} DRAM): "
                                     f"not bit-exact (seed {SEED})")
-            timed.append(((m, k, n), result.cycles, wall))
+            timed.append(((m, k, n), result.cycles, wall, simulated))
     return timed
 
 
@@ -287,14 +293,23 @@ def amaranth_speed(config, rng, m, k=32, n=32):
     return ((m, k, n), outcome.cycles, wall)
 
 
+def _simulator_seconds(run):
+    """The simulation's own time of a timed GEMM (:func:`rtl_speed`), else its whole time."""
+    return run[3] if len(run) > 3 else run[2]
+
+
 def _rates(runs):
-    """``(end to end, steady state)`` cycles per second of ``[short, long]`` timed GEMMs; the
-    steady state ``None`` where the longer GEMM did not take longer (no figure to give)."""
-    (_, short_cycles, short_wall), (_, long_cycles, long_wall) = runs
+    """``(end to end, steady state)`` cycles per second of ``[short, long]`` timed GEMMs: end
+    to end over the longer GEMM's whole time, the steady state over the simulator's extra
+    time (:func:`_simulator_seconds`); ``None`` where the longer GEMM did not take longer
+    (no figure to give)."""
+    short, long = runs
+    long_cycles, short_cycles = long[1], short[1]
+    long_sim, short_sim = _simulator_seconds(long), _simulator_seconds(short)
     steady = None
-    if long_wall > short_wall and long_cycles > short_cycles:
-        steady = (long_cycles - short_cycles) / (long_wall - short_wall)
-    return long_cycles / long_wall, steady
+    if long_sim > short_sim and long_cycles > short_cycles:
+        steady = (long_cycles - short_cycles) / (long_sim - short_sim)
+    return long_cycles / long[2], steady
 
 
 def _verdict(measured, target):
@@ -345,8 +360,11 @@ def _speed_lines(speeds):
         "End to end: the whole `gemm_batch` call of the longer GEMM (the program's "
         "compilation in Python, the simulator's start, loading DRAM, the run, reading the "
         "result back), after a warm-up run of the shorter GEMM on the same cached build. "
-        "Steady state: the extra cycles of the longer GEMM over its extra wall time, which "
-        "leaves the start and the fixed costs out. Every GEMM was bit-exact. One run each on "
+        "Steady state: the extra cycles of the longer GEMM over the simulator's extra time "
+        "(in brackets under wall time: the simulation alone, from the simulator's start to "
+        "its DRAM dump read back, without the program's compilation in Python, which grows "
+        "with the GEMM and is in the end-to-end figure), which leaves the start and the "
+        "fixed costs out. Every GEMM was bit-exact. One run each on "
         "the shared 2-core machine: expect a spread.",
         "",
         "| simulator | DRAM | GEMMs | cycles | wall time | end to end (longer GEMM) "
@@ -355,14 +373,18 @@ def _speed_lines(speeds):
     ]
     by_shape = {}
     for sim, dram, runs in speeds.gemms:
-        (short, short_cycles, short_wall), (long, long_cycles, long_wall) = runs
+        (short, short_cycles, short_wall, *_), (long, long_cycles, long_wall, *_) = runs
         end_to_end, steady = _rates(runs)
+        walls = f"{short_wall:.1f} s, {long_wall:.1f} s"
+        if all(len(run) > 3 for run in runs):
+            walls += (f" (simulator {_simulator_seconds(runs[0]):.1f} s, "
+                      f"{_simulator_seconds(runs[1]):.1f} s)")
         lines.append(
             f"| {sim} | {dram} | {_shape(short)}, {_shape(long)} | "
-            f"{short_cycles:,}, {long_cycles:,} | {short_wall:.1f} s, {long_wall:.1f} s | "
+            f"{short_cycles:,}, {long_cycles:,} | {walls} | "
             f"{end_to_end:,.0f} | {'n/a' if steady is None else f'{steady:,.0f}'} |")
         if sim != "amaranth":   # its DRAM answers at once: other cycles by design
-            for shape, cycles, _ in runs:
+            for shape, cycles, *_ in runs:
                 by_shape.setdefault(shape, {})[f"{sim}/{dram}"] = cycles
     repeated = {shape: runs for shape, runs in by_shape.items() if len(runs) > 1}
     if repeated:

@@ -121,6 +121,18 @@ def test_steady_state_targets_come_from_their_simulator_and_dram():
     assert icarus[2:] == (20_000, "reached")
 
 
+def test_steady_state_is_the_simulators_own_time(tmp_path):
+    """With the simulation's own seconds (rtl_speed's fourth field) the steady state is
+    taken over them, the end-to-end figure over the whole time, and the table shows both."""
+    runs = [((256, 256, 256), 263_520, 1.3, 0.5), ((512, 512, 512), 2_098_528, 5.5, 3.0)]
+    speeds = bench.Speeds(gemms=[("verilator", "hdl", runs)])
+    assert bench.targets(speeds)[1][2] == (2_098_528 - 263_520) / 2.5
+    out = tmp_path / "performance.md"
+    bench.write_report([ROW], speeds, out, tmp_path / "utilization.png")
+    assert ("| verilator | hdl | 256x256x256, 512x512x512 | 263,520, 2,098,528 | 1.3 s, 5.5 s "
+            "(simulator 0.5 s, 3.0 s) | 381,551 | 734,003 |") in out.read_text().splitlines()
+
+
 def test_amaranth_speed_runs_the_gemm_bit_exactly():
     """The GEMM it times is checked against numpy (BenchMismatch otherwise) and takes the
     cycles of the cycle model with a DRAM that answers at once."""

@@ -281,3 +281,24 @@ def test_missing_simulator(monkeypatch):
     with pytest.raises(BackendUnavailable, match="Icarus Verilog is not installed: run 'sudo "
                                                  "apt-get install -y iverilog'"):
         gemm(GOOD_A, GOOD_B, sim="icarus")
+
+
+def test_reference_gemm_equals_integer_matmul():
+    """reference_gemm's float64 path is exact: the extremes at MAX_K and random shapes equal
+    numpy's int32 matmul (seed printed)."""
+    from hw.config import MAX_K
+    from sw.driver import reference_gemm
+    for value in (-128, 127):
+        a = np.full((2, MAX_K), value, np.int8)
+        b = np.full((MAX_K, 3), -128, np.int8)
+        assert np.array_equal(reference_gemm(a, b), a.astype(np.int32) @ b.astype(np.int32))
+    seed = 1203
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        m, k, n = (int(x) for x in rng.integers(1, 200, size=3))
+        a = rng.integers(-128, 128, size=(m, k), dtype=np.int8)
+        b = rng.integers(-128, 128, size=(k, n), dtype=np.int8)
+        want = a.astype(np.int32) @ b.astype(np.int32)
+        got = reference_gemm(a, b)
+        assert got.dtype == np.int32 and np.array_equal(got, want), f"{m}x{k}x{n}"
