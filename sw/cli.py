@@ -20,6 +20,7 @@ program that stopped with an error, exits with status 1.
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -269,6 +270,7 @@ def _run_gemm(arguments):
 
     config = _config_from(arguments)
     a, b, seed = _operands(arguments)
+    started = time.perf_counter()
     result = gemm(a, b, config=config, sim=arguments.sim, schedule=arguments.schedule)
     m, k = a.shape
     n = b.shape[1]
@@ -280,6 +282,7 @@ def _run_gemm(arguments):
     expected = reference_gemm(a, b)
     mismatches = int(np.count_nonzero(result.c != expected))
     bit_exact = mismatches == 0
+    wall = time.perf_counter() - started
     if arguments.out is not None:
         try:
             np.save(arguments.out, result.c, allow_pickle=False)
@@ -300,7 +303,7 @@ def _run_gemm(arguments):
         "dram_bytes_written": plan.dram_bytes_written, "seed": seed,
         "instructions": result.instructions, "out": arguments.out,
         "bus_width": config.bus_width, "mapping_efficiency": plan.mapping_efficiency,
-        "group_tiles": plan.group_tiles, "counters": result.perf,
+        "group_tiles": plan.group_tiles, "counters": result.perf, "wall_seconds": wall,
     }
     if arguments.json:
         print(json.dumps(report))
@@ -316,6 +319,9 @@ def _run_gemm(arguments):
               f"({result.macs} MACs){', predicted' if predicted else ''}\n"
               f"instructions executed: {result.instructions}\n"
               f"{plan.summary()}")
+        if not predicted:
+            print(f"wall time: {wall:.1f} s to compile, simulate and check, "
+                  f"{result.cycles / wall:,.0f} simulated cycles/s")
     if not bit_exact:
         print(f"npu: error: the result differs from numpy in {mismatches} of {m * n} "
               f"elements", file=sys.stderr)

@@ -573,3 +573,19 @@ def test_plan_predicts_gemm_cycles_exactly(capsys, shape, config, bus_width):
 def test_plan_bad_arguments(capsys, argv, match):
     status, out, err = run_cli(capsys, *argv)
     assert_one_line_error(status, out, err, 2, match)
+
+
+@pytest.mark.rtl
+def test_gemm_reports_its_wall_time_on_the_rtl_only(capsys):
+    """An RTL run ends with its wall time and simulated cycles per second (so a user sees the
+    simulator's speed); the model, which has no clock, prints none."""
+    common = ["gemm", "--m", "9", "--k", "9", "--n", "9", "--config", "4x4"]
+    status, out, err = run_cli(capsys, *common, "--sim", "verilator")
+    assert status == 0, err
+    last = out.splitlines()[-1]
+    assert last.startswith("wall time: ") and last.endswith(" simulated cycles/s"), last
+    status, out, err = run_cli(capsys, *common, "--sim", "model")
+    assert status == 0, err
+    assert "wall time" not in out
+    status, out, err = run_cli(capsys, *common, "--sim", "model", "--json")
+    assert json.loads(out)["wall_seconds"] > 0
