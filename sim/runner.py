@@ -42,8 +42,8 @@ VERILATOR_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "--x-assign", 
                   "--x-initial", "fast"]
 #: Verilator's pass that merges conditional assignments (V3MergeCond) grows quadratically
 #: with the array: verilating 16x16 took 67 s, 65 of them in that pass (`--stats`), and 3.9 s
-#: without it. On 8x8 it takes a few seconds and the simulation runs 2.2 times as fast with
-#: it (512^3: 3.0 s against 6.7 s), so it is turned off only for arrays of more PEs than this.
+#: without it. On 8x8 all of verilating takes 8 s, and the simulation runs 2.2 times as fast
+#: with the pass (512^3: 3.0 s against 6.7 s), so it is off only for arrays of more PEs.
 MERGE_COND_MAX_PES = 64
 
 
@@ -122,7 +122,8 @@ def _objcache():
     """The make argument that compiles through ccache, if it is installed (Verilator's
     ``OBJCACHE``), with its cache in ``build/ccache``. Every build compiles Verilator's
     runtime (``verilated.cpp``, ``verilated_vpi.cpp``...) and the main loop, the same for
-    every configuration: 14 of the 28 s of a 2x2 build, a few seconds with the cache."""
+    every configuration: 14 of the 28 s of a 2x2 build, compiled by the first build only.
+    ``NPU_CCACHE=0`` turns it off."""
     ccache = shutil.which("ccache")
     if ccache is None or os.environ.get("NPU_CCACHE") == "0":
         return []

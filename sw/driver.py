@@ -193,7 +193,6 @@ def reference_gemm(A, B):
     Up to :data:`hw.config.MAX_K` it is computed in float64 by BLAS: every partial sum is an
     integer below 2^31, exact in float64 whatever the order of the additions, and numpy's
     integer matmul (no BLAS) took 0.2 s of the 512^3 ``npu gemm`` against 0.01 s."""
-    from hw.config import MAX_K
     if A.ndim == 2 and A.shape[1] <= MAX_K and A.dtype == B.dtype == np.int8:
         return (A.astype(np.float64) @ B.astype(np.float64)).astype(np.int32)
     return A.astype(np.int32) @ B.astype(np.int32)

@@ -276,8 +276,7 @@ int main(int argc, char **argv) {
             const vluint64_t deadline = VerilatedVpi::cbNextDeadline();
             while (true) {
                 top->eval_step();
-                if (top->bench_wake || Verilated::gotFinish() ||
-                    next_clock_edge >= deadline || !top->bench_sleep) {
+                if (top->bench_wake || Verilated::gotFinish() || next_clock_edge >= deadline) {
                     break;
                 }
                 top->eval_end_step();
