@@ -23,6 +23,7 @@ from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards.ulx3s import (ULX3S_25F_Platform, ULX3S_45F_Platform,
                                    ULX3S_85F_Platform)
 
+from hw.pe import ECP5_MAC_PIPELINE
 from hw.top import NPU
 from .flow import REPO_ROOT, FlowError
 from .harness import ScanHarness
@@ -36,9 +37,10 @@ CLOCK_MHZ = 20
 
 
 def _npu_platform(base):
-    """``base`` with the systolic array asked for its MULT18X18D form."""
+    """``base`` with the systolic array asked for its MULT18X18D form, with the same product
+    pipeline as the out-of-context flow (``fpga.flow``), whose figures it thus shares."""
     return type(base.__name__.replace("_Platform", "_NPU_Platform"), (base,),
-                {"npu_mac_pipeline": 3})
+                {"npu_mac_pipeline": ECP5_MAC_PIPELINE})
 
 
 BOARDS = {

@@ -26,8 +26,9 @@ from amaranth.back import verilog
 from amaranth.vendor import LatticeECP5Platform
 
 from hw.config import NPUConfig
+from hw.pe import ECP5_MAC_PIPELINE
 from hw.systolic import SystolicArray
-from hw.top import NPU
+from hw.top import NPU, enforce_assertions
 from .harness import ScanHarness
 
 
@@ -66,10 +67,11 @@ class ECP5Target(LatticeECP5Platform):
     resources = []
     connectors = []
     package = "BG381"
-    npu_mac_pipeline = 4
+    npu_mac_pipeline = ECP5_MAC_PIPELINE
     npu_dsp_pes = None
 
-    def __init__(self, device="LFE5U-85F", speed=SPEED, *, mac_pipeline=4, dsp_pes=None):
+    def __init__(self, device="LFE5U-85F", speed=SPEED, *, mac_pipeline=ECP5_MAC_PIPELINE,
+                 dsp_pes=None):
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
         self._device = device
@@ -118,8 +120,8 @@ def _run_tool(command, log_path, what):
 TOPS = ("npu", "array")
 
 
-def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=4, top="npu",
-              dsp_pes=None):
+def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PIPELINE,
+              top="npu", dsp_pes=None):
     """Verilog of the harnessed NPU (or array), top module ``top``, and the harness."""
     if mac not in MAC_STYLES:
         raise ValueError(f"mac must be one of {', '.join(MAC_STYLES)}, not {mac!r}")
@@ -129,7 +131,8 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=4, top="npu
                 if mac == "dsp" else None)
     design = NPU(config) if top == "npu" else SystolicArray(config.rows, config.cols)
     harness = ScanHarness(design)
-    text = verilog.convert(harness, name="top", platform=platform, emit_src=False)
+    text = enforce_assertions(verilog.convert(harness, name="top", platform=platform,
+                                              emit_src=False))
     return text, harness
 
 
@@ -219,7 +222,7 @@ class FlowOptions:
     device: str = "LFE5U-85F"
     frequency_mhz: float = 150.0
     mac: str = "dsp"
-    mac_pipeline: int = 4
+    mac_pipeline: int = ECP5_MAC_PIPELINE
     top: str = "npu"
     synth_options: tuple = ("-abc9",)
     router: str = "router2"

@@ -2,25 +2,33 @@
 
 from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
-from amaranth.lib.memory import Memory
+from amaranth.lib.memory import Memory, ReadPort
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 
-__all__ = ["AccumulatorMemory", "AccumulatorSignature"]
+__all__ = ["AccumulatorMemory", "AccumulatorSignature", "AccumulatorWriteSignature"]
+
+
+def AccumulatorWriteSignature(depth, cols):
+    """The accumulator's write port, as the memory sees it: a row that overwrites or adds
+    to row ``addr``; ``busy`` while a write is in its second cycle."""
+    return wiring.Signature({
+        "addr":       In(ceil_log2(depth)),
+        "en":         In(1),
+        "accumulate": In(1),
+        "data":       In(data.ArrayLayout(signed(32), cols)),
+        "busy":       Out(1),
+    })
 
 
 def AccumulatorSignature(depth, cols):
-    """Ports of an :class:`AccumulatorMemory`, as the memory sees them."""
-    row = data.ArrayLayout(signed(32), cols)
+    """Ports of an :class:`AccumulatorMemory`, as the memory sees them: the read-modify-write
+    port and Amaranth's own read port signature (its ``en`` is 1 when left undriven)."""
     return wiring.Signature({
-        "write_addr":       In(range(depth)),
-        "write_en":         In(1),
-        "write_accumulate": In(1),
-        "write_data":       In(row),
-        "read_addr":        In(range(depth)),
-        "read_en":          In(1),
-        "read_data":        Out(row),
-        "busy":             Out(1),
+        "write": Out(AccumulatorWriteSignature(depth, cols)),
+        "read":  Out(ReadPort.Signature(addr_width=ceil_log2(depth),
+                                        shape=data.ArrayLayout(signed(32), cols))),
     })
 
 
@@ -35,16 +43,11 @@ class AccumulatorMemory(wiring.Component):
 
     Attributes
     ----------
-    write_addr : In(range(depth))
-    write_en : In(1)
-    write_accumulate : In(1)
-    write_data : In(ArrayLayout(signed(32), cols))
-    read_addr : In(range(depth))
-    read_en : In(1)
-    read_data : Out(ArrayLayout(signed(32), cols))
-        Row ``read_addr`` from the cycle before; holds while ``read_en`` is low.
-    busy : Out(1)
-        A write is still in its second cycle.
+    write : AccumulatorWriteSignature
+        ``addr``, ``en``, ``accumulate``, ``data`` in; ``busy``: a write is still in its
+        second cycle.
+    read : ReadPort.Signature
+        ``data`` is row ``addr`` from the cycle before; it holds while ``en`` is low.
     """
     def __init__(self, *, depth, cols):
         self.depth = depth
@@ -61,29 +64,25 @@ class AccumulatorMemory(wiring.Component):
 
         # Stage 0: read the old row. Stage 1: write new or old + new.
         pending = Signal()
-        pending_addr = Signal.like(self.write_addr)
+        pending_addr = Signal.like(self.write.addr)
         pending_accumulate = Signal()
         pending_data = Signal(row)
         m.d.sync += [
-            pending.eq(self.write_en),
-            pending_addr.eq(self.write_addr),
-            pending_accumulate.eq(self.write_accumulate),
-            pending_data.eq(self.write_data),
+            pending.eq(self.write.en),
+            pending_addr.eq(self.write.addr),
+            pending_accumulate.eq(self.write.accumulate),
+            pending_data.eq(self.write.data),
         ]
         m.d.comb += [
-            old.addr.eq(self.write_addr),
-            old.en.eq(self.write_en),
+            old.addr.eq(self.write.addr),
+            old.en.eq(self.write.en),
             write.addr.eq(pending_addr),
             write.en.eq(pending),
-            self.busy.eq(pending),
+            self.write.busy.eq(pending),
         ]
         for lane in range(self.cols):
             m.d.comb += write.data[lane].eq(
                 pending_data[lane] + Mux(pending_accumulate, old.data[lane], 0))
 
-        m.d.comb += [
-            read.addr.eq(self.read_addr),
-            read.en.eq(self.read_en),
-            self.read_data.eq(read.data),
-        ]
+        wiring.connect(m, wiring.flipped(self.read), read)
         return m

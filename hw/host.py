@@ -5,7 +5,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AXI4LiteSignature, Resp
-from .controller import PerfCounters
+from .controller import HostLinkSignature
 from .isa import MAGIC, VERSION, Control, Reg, Status
 
 
@@ -27,34 +27,19 @@ class HostInterface(wiring.Component):
     ----------
     bus : In(AXI4LiteSignature(addr_width=8))
         The slave port.
-    start, soft_reset : Out(1)
-        One-cycle pulses from a write of ``CONTROL``.
-    prog_addr, prog_len : Out(32)
-        The program registers.
-    busy, done, error : In(1)
-    error_code : In(8)
-    error_pc, pc : In(32)
-    cycles : In(64)
-    perf : In(PerfCounters)
+    ctrl : In(HostLinkSignature())
+        To the controller: ``start`` and ``soft_reset`` are one-cycle pulses from a write of
+        ``CONTROL``, ``prog_addr`` and ``prog_len`` the program registers (a write while
+        busy changes them for the next start only: the controller latched them at start);
+        the status, counters and performance counters come back.
     read_bytes, write_bytes : In(32)
-        The performance counters (``Reg.PERF_*``).
+        The bus traffic counters (``Reg.PERF_READ_BYTES``, ``Reg.PERF_WRITE_BYTES``).
     """
     def __init__(self, config):
         self.config = config
         super().__init__({
             "bus":        In(AXI4LiteSignature(addr_width=8)),
-            "start":      Out(1),
-            "soft_reset": Out(1),
-            "prog_addr":  Out(32),
-            "prog_len":   Out(32),
-            "busy":       In(1),
-            "done":       In(1),
-            "error":      In(1),
-            "error_code": In(8),
-            "error_pc":   In(32),
-            "pc":         In(32),
-            "cycles":     In(64),
-            "perf":       In(PerfCounters),
+            "ctrl":       In(HostLinkSignature()),
             "read_bytes": In(32),
             "write_bytes": In(32),
         })
@@ -63,6 +48,7 @@ class HostInterface(wiring.Component):
         m = Module()
         bus = self.bus
         config = self.config
+        ctrl = self.ctrl
 
         # Writes: take address and data together, answer, then accept the next.
         write_ack = Signal()
@@ -80,18 +66,18 @@ class HostInterface(wiring.Component):
                 with m.Case(Reg.CONTROL >> 2):
                     with m.If(bus.wstrb[0]):
                         m.d.comb += [
-                            self.start.eq((bus.wdata & Control.START).any()),
-                            self.soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
+                            ctrl.start.eq((bus.wdata & Control.START).any()),
+                            ctrl.soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
                         ]
                 with m.Case(Reg.PROG_ADDR >> 2):
                     for lane in range(4):
                         with m.If(bus.wstrb[lane]):
-                            m.d.sync += self.prog_addr[8 * lane:8 * lane + 8].eq(
+                            m.d.sync += ctrl.prog_addr[8 * lane:8 * lane + 8].eq(
                                 bus.wdata[8 * lane:8 * lane + 8])
                 with m.Case(Reg.PROG_LEN >> 2):
                     for lane in range(4):
                         with m.If(bus.wstrb[lane]):
-                            m.d.sync += self.prog_len[8 * lane:8 * lane + 8].eq(
+                            m.d.sync += ctrl.prog_len[8 * lane:8 * lane + 8].eq(
                                 bus.wdata[8 * lane:8 * lane + 8])
 
         # Reads: one at a time, data registered.
@@ -114,22 +100,22 @@ class HostInterface(wiring.Component):
                 Reg.SPAD_DEPTH: config.spad_depth,
                 Reg.ACC_DEPTH:  config.acc_depth,
                 Reg.BUS_WIDTH:  config.bus_width,
-                Reg.STATUS:     (Mux(self.busy, Status.BUSY, 0) | Mux(self.done, Status.DONE, 0) |
-                                 Mux(self.error, Status.ERROR, 0) |
-                                 (self.error_code << Status.CODE_SHIFT)),
-                Reg.ERROR_PC:   self.error_pc,
-                Reg.PC:         self.pc,
-                Reg.PROG_ADDR:  self.prog_addr,
-                Reg.PROG_LEN:   self.prog_len,
-                Reg.CYCLES_LO:  self.cycles[:32],
-                Reg.CYCLES_HI:  self.cycles[32:],
-                Reg.PERF_ARRAY_ROWS:   self.perf.array_rows,
-                Reg.PERF_USEFUL_MACS:  self.perf.useful_macs,
-                Reg.PERF_STALL_FETCH:  self.perf.stall_fetch,
-                Reg.PERF_STALL_LOAD:   self.perf.stall_load,
-                Reg.PERF_STALL_STORE:  self.perf.stall_store,
-                Reg.PERF_STALL_ARRAY:  self.perf.stall_array,
-                Reg.PERF_INSTRUCTIONS: self.perf.instructions,
+                Reg.STATUS:     (Mux(ctrl.busy, Status.BUSY, 0) | Mux(ctrl.done, Status.DONE, 0) |
+                                 Mux(ctrl.error, Status.ERROR, 0) |
+                                 (ctrl.error_code << Status.CODE_SHIFT)),
+                Reg.ERROR_PC:   ctrl.error_pc,
+                Reg.PC:         ctrl.pc,
+                Reg.PROG_ADDR:  ctrl.prog_addr,
+                Reg.PROG_LEN:   ctrl.prog_len,
+                Reg.CYCLES_LO:  ctrl.cycles[:32],
+                Reg.CYCLES_HI:  ctrl.cycles[32:],
+                Reg.PERF_ARRAY_ROWS:   ctrl.perf.array_rows,
+                Reg.PERF_USEFUL_MACS:  ctrl.perf.useful_macs,
+                Reg.PERF_STALL_FETCH:  ctrl.perf.stall_fetch,
+                Reg.PERF_STALL_LOAD:   ctrl.perf.stall_load,
+                Reg.PERF_STALL_STORE:  ctrl.perf.stall_store,
+                Reg.PERF_STALL_ARRAY:  ctrl.perf.stall_array,
+                Reg.PERF_INSTRUCTIONS: ctrl.perf.instructions,
                 Reg.PERF_READ_BYTES:   self.read_bytes,
                 Reg.PERF_WRITE_BYTES:  self.write_bytes,
             }

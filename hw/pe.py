@@ -5,11 +5,14 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 
-__all__ = ["PE", "MAX_MAC_PIPELINE", "mac_pipeline", "dsp_pes", "mult18x18d"]
+__all__ = ["PE", "MAX_MAC_PIPELINE", "ECP5_MAC_PIPELINE", "mac_pipeline", "dsp_pes", "mult18x18d"]
 
 
 #: Deepest product pipeline a PE builds (see :class:`PE`).
 MAX_MAC_PIPELINE = 4
+#: The product pipeline of every ECP5 build, out of context and on a board: a MULT18X18D with
+#: registered inputs and output, and one more register after it.
+ECP5_MAC_PIPELINE = 4
 
 
 def dsp_pes(platform):
@@ -23,9 +26,8 @@ def dsp_pes(platform):
 
 def mac_pipeline(platform):
     """Product pipeline stages the platform asks the PEs for: ``npu_mac_pipeline`` of the
-    platform object, 0 (the plain PE) without one. The FPGA build's platform
-    (``fpga.flow.ECP5Target``) asks for 4: a MULT18X18D with registered inputs and output,
-    and one more register after it."""
+    platform object, 0 (the plain PE) without one. The FPGA builds' platforms
+    (``fpga.flow.ECP5Target``, ``fpga.board.BOARDS``) ask for :data:`ECP5_MAC_PIPELINE`."""
     stages = getattr(platform, "npu_mac_pipeline", 0)
     if not isinstance(stages, int) or not 0 <= stages <= MAX_MAC_PIPELINE:
         raise ValueError(f"npu_mac_pipeline must be an integer from 0 to {MAX_MAC_PIPELINE}, "

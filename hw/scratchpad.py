@@ -2,25 +2,22 @@
 
 from amaranth.hdl import Module
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.memory import Memory, ReadPort, WritePort
+from amaranth.lib.wiring import Out
+from amaranth.utils import ceil_log2
 
 
 __all__ = ["Scratchpad", "ScratchpadSignature"]
 
 
 def ScratchpadSignature(depth, row_bytes):
-    """Ports of a :class:`Scratchpad`, as the memory sees them."""
+    """Ports of a :class:`Scratchpad`, as the memory sees them: Amaranth's own memory port
+    signatures (a read port's ``en`` is 1 when left undriven; the controller drives it)."""
+    ports = dict(addr_width=ceil_log2(depth), shape=8 * row_bytes)
     return wiring.Signature({
-        "read_addr":  In(range(depth)),
-        "read_en":    In(1),
-        "read_data":  Out(8 * row_bytes),
-        "write_addr": In(range(depth)),
-        "write_en":   In(1),
-        "write_data": In(8 * row_bytes),
-        "weight_addr": In(range(depth)),
-        "weight_en":   In(1),
-        "weight_data": Out(8 * row_bytes),
+        "act":    Out(ReadPort.Signature(**ports)),
+        "weight": Out(ReadPort.Signature(**ports)),
+        "write":  Out(WritePort.Signature(**ports)),
     })
 
 
@@ -28,21 +25,17 @@ class Scratchpad(wiring.Component):
     """Explicitly addressed SRAM of ``depth`` rows of ``row_bytes`` INT8 values.
 
     There are no tags and no replacement policy (seeds section 2): instructions name rows.
-    Two synchronous read ports (data in the cycle after ``read_en``) and one write port:
+    Two synchronous read ports (data in the cycle after ``en``) and one write port:
     activations stream out of the first while the next weight tile leaves through the second.
 
     Attributes
     ----------
-    read_addr : In(range(depth))
-    read_en : In(1)
-    read_data : Out(8 * row_bytes)
-        Row ``read_addr`` from the cycle before; holds while ``read_en`` is low.
-    write_addr : In(range(depth))
-    write_en : In(1)
-    write_data : In(8 * row_bytes)
-    weight_addr, weight_en : In
-    weight_data : Out(8 * row_bytes)
-        The second read port, as ``read_*``.
+    act : ReadPort.Signature
+        The activation read port: ``data`` is row ``addr`` from the cycle before; it holds
+        while ``en`` is low.
+    weight : ReadPort.Signature
+        The weight read port, as ``act``.
+    write : WritePort.Signature
     """
     def __init__(self, *, depth, row_bytes):
         self.depth = depth
@@ -52,18 +45,7 @@ class Scratchpad(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.memory = memory = Memory(shape=8 * self.row_bytes, depth=self.depth, init=[])
-        write = memory.write_port()
-        read = memory.read_port(domain="sync")
-        weight = memory.read_port(domain="sync")
-        m.d.comb += [
-            weight.addr.eq(self.weight_addr),
-            weight.en.eq(self.weight_en),
-            self.weight_data.eq(weight.data),
-            write.addr.eq(self.write_addr),
-            write.en.eq(self.write_en),
-            write.data.eq(self.write_data),
-            read.addr.eq(self.read_addr),
-            read.en.eq(self.read_en),
-            self.read_data.eq(read.data),
-        ]
+        wiring.connect(m, wiring.flipped(self.write), memory.write_port())
+        wiring.connect(m, wiring.flipped(self.act), memory.read_port(domain="sync"))
+        wiring.connect(m, wiring.flipped(self.weight), memory.read_port(domain="sync"))
         return m

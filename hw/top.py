@@ -1,5 +1,7 @@
 """The NPU top level: host registers, controller, DMA, memories and the systolic array."""
 
+import re
+
 from amaranth.back import verilog
 from amaranth.hdl import Module, ResetInserter, Signal, Value
 from amaranth.hdl._ir import PortDirection  # the public `ports=` dict takes these
@@ -17,7 +19,7 @@ from .scratchpad import Scratchpad
 from .systolic import SystolicArray
 
 
-__all__ = ["NPU", "generate_verilog", "top_ports"]
+__all__ = ["NPU", "enforce_assertions", "generate_verilog", "top_ports"]
 
 
 class NPU(wiring.Component):
@@ -57,14 +59,10 @@ class NPU(wiring.Component):
         m.submodules.host = host = HostInterface(config)
         wiring.connect(m, wiring.flipped(self.s_axil), host.bus)
 
-        # Soft reset waits until the DMA has nothing outstanding on the bus, so that no
+        # A soft reset stops the units from starting bus transactions (the controller's
+        # soft_reset_pending) and waits until the DMA has nothing outstanding, so that no
         # transaction is cut in half; then it resets every block but the host registers.
-        soft_reset_pending = Signal()
         core_reset = Signal()
-        with m.If(host.soft_reset):
-            m.d.sync += soft_reset_pending.eq(1)
-        with m.If(core_reset):
-            m.d.sync += soft_reset_pending.eq(0)
 
         def core(block):
             return ResetInserter(core_reset)(block)
@@ -81,48 +79,38 @@ class NPU(wiring.Component):
         m.submodules.accumulator = core(accumulator)
         m.submodules.array = core(array)
 
-        m.d.comb += core_reset.eq(soft_reset_pending & dma.idle)
+        m.d.comb += core_reset.eq(controller.soft_reset_pending & dma.idle)
 
         # Bus traffic counters: data beats on the AXI4 master, from start to done or error.
         read_bytes = Signal(32)
         write_bytes = Signal(32)
-        with m.If(host.start & ~controller.busy):
+        with m.If(host.ctrl.start & ~controller.host.busy):
             m.d.sync += [read_bytes.eq(0), write_bytes.eq(0)]
-        with m.Elif(controller.busy):
+        with m.Elif(controller.host.busy):
             with m.If(self.m_axi.rvalid & self.m_axi.rready):
                 m.d.sync += read_bytes.eq(read_bytes + config.bus_bytes)
             with m.If(self.m_axi.wvalid & self.m_axi.wready):
                 m.d.sync += write_bytes.eq(write_bytes + config.bus_bytes)
 
+        wiring.connect(m, host.ctrl, controller.host)
         wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
-        wiring.connect(m, controller.read_cmd, dma.read_cmd)
-        wiring.connect(m, dma.read_row, controller.read_row)
-        wiring.connect(m, controller.write_cmd, dma.write_cmd)
-        wiring.connect(m, controller.write_row, dma.write_row)
+        wiring.connect(m, controller.reader.cmd, dma.read_cmd)
+        wiring.connect(m, dma.read_row, controller.reader.row)
+        wiring.connect(m, controller.writer.cmd, dma.write_cmd)
+        wiring.connect(m, controller.writer.row, dma.write_row)
         wiring.connect(m, controller.spad, scratchpad)
         wiring.connect(m, controller.acc, accumulator)
         wiring.connect(m, controller.act, array.act)
         wiring.connect(m, controller.weight, array.weight)
         wiring.connect(m, array.result, controller.result)
         m.d.comb += [
-            controller.read_done.eq(dma.read_done),
-            controller.read_error.eq(dma.read_error),
-            controller.write_done.eq(dma.write_done),
-            controller.write_error.eq(dma.write_error),
-            controller.start.eq(host.start & ~soft_reset_pending),
-            controller.prog_addr.eq(host.prog_addr),
-            controller.prog_len.eq(host.prog_len),
-            host.busy.eq(controller.busy | soft_reset_pending),
-            host.done.eq(controller.done),
-            host.error.eq(controller.error),
-            host.error_code.eq(controller.error_code),
-            host.error_pc.eq(controller.error_pc),
-            host.pc.eq(controller.pc),
-            host.cycles.eq(controller.cycles),
-            host.perf.eq(controller.perf),
+            controller.reader.done.eq(dma.read_done),
+            controller.reader.error.eq(dma.read_error),
+            controller.writer.done.eq(dma.write_done),
+            controller.writer.error.eq(dma.write_error),
             host.read_bytes.eq(read_bytes),
             host.write_bytes.eq(write_bytes),
-            self.irq.eq(controller.done | controller.error),
+            self.irq.eq(controller.host.done | controller.host.error),
         ]
         return m
 
@@ -137,8 +125,26 @@ def top_ports(npu):
     return ports
 
 
+# Yosys writes an Amaranth ``Assert`` as ``if (!c) $write(message); assert (c);`` in a clocked
+# block: an immediate assertion of SystemVerilog, which Verilog-2005 tools (Icarus in that
+# mode) do not know and Verilator checks only with --assert.
+_ASSERTION = re.compile(r"^(\s*)assert \((.*)\);$", re.MULTILINE)
+
+
+def enforce_assertions(text):
+    """Verilog ``text`` with every immediate assertion made a Verilog-2005 check that every
+    simulator runs: when it fails, the simulation prints the time and stops (``$finish``).
+    Synthesis (which defines ``SYNTHESIS``) leaves it out."""
+    return _ASSERTION.sub(
+        "\\1`ifndef SYNTHESIS\n"
+        '\\1if (!(\\2)) begin $display(" -- assertion failed at %0t", $time); $finish; end\n'
+        "\\1`endif",
+        text)
+
+
 def generate_verilog(config, *, name="npu_top"):
     """Verilog text of the NPU for ``config``: ports ``clk``, ``rst``, ``irq``, ``m_axi_*``,
     ``s_axil_*``."""
     npu = NPU(config)
-    return verilog.convert(npu, name=name, ports=top_ports(npu), emit_src=False)
+    return enforce_assertions(
+        verilog.convert(npu, name=name, ports=top_ports(npu), emit_src=False))

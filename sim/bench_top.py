@@ -29,7 +29,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.config import NPUConfig
-from hw.top import NPU, top_ports
+from hw.top import NPU, enforce_assertions, top_ports
 from .axi_checker import AXI4Checker, Rule
 from .dram import DramControlSignature, HDLDram
 
@@ -161,6 +161,6 @@ def generate_bench_verilog(config, *, name, dram=DRAM_MODELS[0], dram_bytes=None
     bench = NPUBench(config, dram=dram, dram_bytes=dram_bytes)
     ports = top_ports(bench)
     text = verilog.convert(bench, name=name, ports=ports, emit_src=emit_src)
-    return text, {port: "output" if direction == direction.Output else "input"
+    return enforce_assertions(text), {port: "output" if direction == direction.Output else "input"
                   for port, (value, direction) in ports.items()}
 

@@ -443,12 +443,11 @@ async def start_while_busy_in_a_gemm(dut):
         await gemm.run_exact(tb, f"{context}, the GEMM after it")
 
 
-@cocotb.xfail(reason="the controller fetches from the live PROG_ADDR and PROG_LEN registers "
-                     "(hw/controller.py, FETCH) instead of copies taken at start")
 @cocotb.test()
 async def program_registers_written_while_busy(dut):
     """A host that writes PROG_ADDR and PROG_LEN for its next program while the current one
-    runs (without starting it) must not disturb the running program."""
+    runs (without starting it) must not disturb the running program: the controller latched
+    them at start. The registers read back the new values, and the next start runs them."""
     tb = TB(dut, DRAM_SIZE)
     await tb.reset()
     rng = rng_for("program_registers_written_while_busy")
@@ -468,6 +467,13 @@ async def program_registers_written_while_busy(dut):
         f"the running GEMM ended {outcome} at PC {outcome.pc}; its END is at " \
         f"{len(gemm.words) - 1}"
     assert np.array_equal(gemm.c(tb), gemm.expected), "C differs"
+    assert await tb.read_reg(Reg.PROG_ADDR) == other
+    assert await tb.read_reg(Reg.PROG_LEN) == 1
+    await tb.write_reg(Reg.CONTROL, Control.START)
+    await tb.wait_irq(TIMEOUT)
+    outcome = await tb.outcome()
+    assert outcome.done and outcome.pc == 0 and outcome.perf["instructions"] == 1, \
+        f"the program at PROG_ADDR {other:#x} (one END) ended {outcome}"
 
 
 @cocotb.test()

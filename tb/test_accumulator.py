@@ -19,26 +19,26 @@ def _run_writes(dut, writes, *, check_busy=True):
         previous_write = False
         for write in writes:
             if write is None:
-                ctx.set(dut.write_en, 0)
+                ctx.set(dut.write.en, 0)
             else:
                 addr, accumulate, row = write
-                ctx.set(dut.write_addr, addr)
-                ctx.set(dut.write_accumulate, accumulate)
-                ctx.set(dut.write_data, [int(v) for v in row])
-                ctx.set(dut.write_en, 1)
+                ctx.set(dut.write.addr, addr)
+                ctx.set(dut.write.accumulate, accumulate)
+                ctx.set(dut.write.data, [int(v) for v in row])
+                ctx.set(dut.write.en, 1)
             if check_busy:
                 # busy: a write is in its second cycle.
-                assert ctx.get(dut.busy) == previous_write
+                assert ctx.get(dut.write.busy) == previous_write
             previous_write = write is not None
             await ctx.tick()
-        ctx.set(dut.write_en, 0)
+        ctx.set(dut.write.en, 0)
         await ctx.tick()
-        assert ctx.get(dut.busy) == 0
-        ctx.set(dut.read_en, 1)
+        assert ctx.get(dut.write.busy) == 0
+        ctx.set(dut.read.en, 1)
         for addr in range(dut.depth):
-            ctx.set(dut.read_addr, addr)
+            ctx.set(dut.read.addr, addr)
             await ctx.tick()
-            rows.append([ctx.get(dut.read_data[lane]) for lane in range(dut.cols)])
+            rows.append([ctx.get(dut.read.data[lane]) for lane in range(dut.cols)])
 
     run_simulation(dut, testbench)
     return rows

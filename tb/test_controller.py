@@ -203,6 +203,29 @@ def test_soft_reset_while_busy(cycles):
     assert outcomes[1].written == expected_result_bytes(expected, y_stride), f"seed {seed}"
 
 
+@pytest.mark.parametrize("reset_after", [30, 70])
+def test_soft_reset_starts_no_new_bus_transaction(reset_after):
+    """A soft reset stops the units from starting DMA commands: only the command in flight
+    ends on the bus, then the core resets. Here a STORE of 64 rows runs while 40 loads (to other
+    DRAM bytes) follow it; before, the loads kept starting until the DMA happened to be idle
+    for a cycle, after the STORE (36 and 32 read bursts after the reset, measured)."""
+    seed = 0xC0FB + reset_after
+    config = NPUConfig(rows=2, cols=2, spad_depth=16, acc_depth=64, bus_width=64)
+    rows = 64
+    loads = [load_spad(4 * (i % 4), 4, 2, 0x1000 + 64 * i, 16) for i in range(40)]
+    job = Job([store(0, rows, 8, 0x4000, 8)] + loads + [END],
+              data=[(0x1000, bytes(range(256)) * 16)], soft_reset_after=reset_after)
+    after, expected, y_stride = gemm_job(config, np.random.default_rng(seed), bias=False)
+    outcomes, _ = run_jobs([job, after], config=config, seed=seed, max_latency=8)
+    reads, writes = outcomes[0].reset_bursts
+    # At most the command in flight: a load of 4 rows, a fetch of one burst, or the STORE.
+    assert reads <= 4 and writes <= rows, \
+        f"seed {seed}: {reads} read and {writes} write bursts after the soft reset"
+    assert (outcomes[0].status, outcomes[0].irq) == (0, 0), f"seed {seed}: {outcomes[0]}"
+    assert_done(outcomes[1], f"seed {seed}: after the soft reset")
+    assert outcomes[1].written == expected_result_bytes(expected, y_stride), f"seed {seed}"
+
+
 # ---------------------------------------------------------------------- error paths
 # The table of error programs is in error_cases.py, which the RTL fault tests share.
 

@@ -14,7 +14,7 @@ def _pulse_monitor(dut, pulses):
     """A process that records the cycle of every edge at which start / soft_reset is high."""
     async def process(ctx):
         cycle = 0
-        async for _, _, start, soft_reset in ctx.tick().sample(dut.start, dut.soft_reset):
+        async for _, _, start, soft_reset in ctx.tick().sample(dut.ctrl.start, dut.ctrl.soft_reset):
             cycle += 1
             if start:
                 pulses["start"].append(cycle)
@@ -60,8 +60,8 @@ def test_program_registers_read_back():
                                 aw_delay=3) == Resp.OKAY.value   # data before address
         assert await axil_read(ctx, dut.bus, Reg.PROG_ADDR) == 0x8765_4320
         assert await axil_read(ctx, dut.bus, Reg.PROG_LEN) == 0x0001_2345
-        assert ctx.get(dut.prog_addr) == 0x8765_4320
-        assert ctx.get(dut.prog_len) == 0x0001_2345
+        assert ctx.get(dut.ctrl.prog_addr) == 0x8765_4320
+        assert ctx.get(dut.ctrl.prog_len) == 0x0001_2345
         # Byte strobes: only the enabled bytes change.
         await axil_write(ctx, dut.bus, Reg.PROG_ADDR, 0xAABB_CCDD, strobe=0b0101, w_delay=2)
         assert await axil_read(ctx, dut.bus, Reg.PROG_ADDR) == 0x87BB_43DD
@@ -112,17 +112,17 @@ def test_status_registers_follow_inputs():
     dut = HostInterface(CONFIG)
 
     async def testbench(ctx):
-        ctx.set(dut.busy, 1)
-        ctx.set(dut.error_code, 0xA5)
-        ctx.set(dut.error_pc, 0x1234_5678)
-        ctx.set(dut.pc, 0x0BAD_CAFE)
-        ctx.set(dut.cycles, 0x0123_4567_89AB_CDEF)
+        ctx.set(dut.ctrl.busy, 1)
+        ctx.set(dut.ctrl.error_code, 0xA5)
+        ctx.set(dut.ctrl.error_pc, 0x1234_5678)
+        ctx.set(dut.ctrl.pc, 0x0BAD_CAFE)
+        ctx.set(dut.ctrl.cycles, 0x0123_4567_89AB_CDEF)
         assert await axil_read(ctx, dut.bus, Reg.STATUS) == 0xA501
-        ctx.set(dut.busy, 0)
-        ctx.set(dut.done, 1)
+        ctx.set(dut.ctrl.busy, 0)
+        ctx.set(dut.ctrl.done, 1)
         assert await axil_read(ctx, dut.bus, Reg.STATUS) == 0xA502
-        ctx.set(dut.done, 0)
-        ctx.set(dut.error, 1)
+        ctx.set(dut.ctrl.done, 0)
+        ctx.set(dut.ctrl.error, 1)
         assert await axil_read(ctx, dut.bus, Reg.STATUS) == 0xA504
         assert await axil_read(ctx, dut.bus, Reg.ERROR_PC) == 0x1234_5678
         assert await axil_read(ctx, dut.bus, Reg.PC) == 0x0BAD_CAFE

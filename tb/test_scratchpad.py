@@ -16,17 +16,17 @@ def test_write_then_read_every_row():
     contents = [int.from_bytes(rng.bytes(row_bytes), "little") for _ in range(depth)]
 
     async def testbench(ctx):
-        ctx.set(dut.write_en, 1)
+        ctx.set(dut.write.en, 1)
         for addr in rng.permutation(depth):
-            ctx.set(dut.write_addr, int(addr))
-            ctx.set(dut.write_data, contents[addr])
+            ctx.set(dut.write.addr, int(addr))
+            ctx.set(dut.write.data, contents[addr])
             await ctx.tick()
-        ctx.set(dut.write_en, 0)
-        ctx.set(dut.read_en, 1)
+        ctx.set(dut.write.en, 0)
+        ctx.set(dut.act.en, 1)
         for addr in rng.permutation(depth):
-            ctx.set(dut.read_addr, int(addr))
+            ctx.set(dut.act.addr, int(addr))
             await ctx.tick()
-            got = ctx.get(dut.read_data)
+            got = ctx.get(dut.act.data)
             assert got == contents[addr], \
                 f"seed {seed}: row {addr} reads {got:#x}, wrote {contents[addr]:#x}"
 
@@ -34,7 +34,7 @@ def test_write_then_read_every_row():
 
 
 def test_read_latency_is_one_cycle():
-    """read_data changes only at the edge after read_en, and holds while read_en is low."""
+    """act.data changes only at the edge after act.en, and holds while act.en is low."""
     seed = 0x5B02
     rng = np.random.default_rng(seed)
     depth, row_bytes = 8, 4
@@ -42,39 +42,39 @@ def test_read_latency_is_one_cycle():
     contents = [int.from_bytes(rng.bytes(row_bytes), "little") for _ in range(depth)]
 
     async def testbench(ctx):
-        ctx.set(dut.write_en, 1)
+        ctx.set(dut.write.en, 1)
         for addr, value in enumerate(contents):
-            ctx.set(dut.write_addr, addr)
-            ctx.set(dut.write_data, value)
+            ctx.set(dut.write.addr, addr)
+            ctx.set(dut.write.data, value)
             await ctx.tick()
-        ctx.set(dut.write_en, 0)
-        ctx.set(dut.read_addr, 3)
-        ctx.set(dut.read_en, 1)
+        ctx.set(dut.write.en, 0)
+        ctx.set(dut.act.addr, 3)
+        ctx.set(dut.act.en, 1)
         await ctx.tick()
-        assert ctx.get(dut.read_data) == contents[3]
+        assert ctx.get(dut.act.data) == contents[3]
         # Back-to-back reads: a new row every cycle, each one cycle after its address.
         for addr in (5, 0, 7, 7, 1):
-            before = ctx.get(dut.read_data)
-            ctx.set(dut.read_addr, addr)
-            assert ctx.get(dut.read_data) == before, "read data changed before the edge"
+            before = ctx.get(dut.act.data)
+            ctx.set(dut.act.addr, addr)
+            assert ctx.get(dut.act.data) == before, "read data changed before the edge"
             await ctx.tick()
-            assert ctx.get(dut.read_data) == contents[addr], f"seed {seed}: row {addr}"
-        # read_en low: the last row holds whatever the address does.
-        ctx.set(dut.read_en, 0)
+            assert ctx.get(dut.act.data) == contents[addr], f"seed {seed}: row {addr}"
+        # act.en low: the last row holds whatever the address does.
+        ctx.set(dut.act.en, 0)
         for addr in (2, 4, 6):
-            ctx.set(dut.read_addr, addr)
+            ctx.set(dut.act.addr, addr)
             await ctx.tick()
-            assert ctx.get(dut.read_data) == contents[1], "read data did not hold"
+            assert ctx.get(dut.act.data) == contents[1], "read data did not hold"
         # A write does not disturb the held read data, and is seen by the next read.
-        ctx.set(dut.write_addr, 1)
-        ctx.set(dut.write_data, 0xA5A5A5A5)
-        ctx.set(dut.write_en, 1)
+        ctx.set(dut.write.addr, 1)
+        ctx.set(dut.write.data, 0xA5A5A5A5)
+        ctx.set(dut.write.en, 1)
         await ctx.tick()
-        ctx.set(dut.write_en, 0)
-        assert ctx.get(dut.read_data) == contents[1]
-        ctx.set(dut.read_addr, 1)
-        ctx.set(dut.read_en, 1)
+        ctx.set(dut.write.en, 0)
+        assert ctx.get(dut.act.data) == contents[1]
+        ctx.set(dut.act.addr, 1)
+        ctx.set(dut.act.en, 1)
         await ctx.tick()
-        assert ctx.get(dut.read_data) == 0xA5A5A5A5
+        assert ctx.get(dut.act.data) == 0xA5A5A5A5
 
     run_simulation(dut, testbench)

@@ -1,0 +1,165 @@
+"""The fetcher: reads the program ahead into the instruction queue, sharing the DMA reader
+with the load unit."""
+
+from amaranth.hdl import Assert, Module, ResetInserter, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
+from ..isa import INSTR_BYTES, Instruction
+from .signatures import ReaderSignature
+
+
+__all__ = ["Fetcher", "FetchControlSignature", "FetchedWord"]
+
+
+class FetchedWord(data.Struct):
+    """An entry of the instruction queue: an instruction word, or the error entry a failed
+    fetch leaves in its place (``bus_error``)."""
+    instr:     Instruction
+    bus_error: 1
+
+
+def FetchControlSignature():
+    """The link from the issue stage to the fetcher, as the issue stage sees it.
+
+    ``begin`` (a start): empty the queue and fetch from the first instruction of the program
+    at ``prog_addr`` (``prog_len`` instructions). ``enable``: fetching is allowed this cycle.
+    ``store_issued`` with the store's DRAM bytes ``[store_lo, store_hi)``: when they overlap
+    the program, the fetcher drops what it fetched once ``store_busy`` falls and refetches
+    from ``pc`` (``refetch`` is high until then). ``halt``: grant the reader to nobody.
+    """
+    return wiring.Signature({
+        "begin":        Out(1),
+        "enable":       Out(1),
+        "halt":         Out(1),
+        "prog_addr":    Out(32),
+        "prog_len":     Out(32),
+        "pc":           Out(32),
+        "store_issued": Out(1),
+        "store_lo":     Out(32),
+        "store_hi":     Out(33),
+        "store_busy":   Out(1),
+        "refetch":      In(1),
+        "reader_busy":  In(1),
+    })
+
+
+class Fetcher(wiring.Component):
+    """Reads the program, :data:`~hw.config.FETCH_BURST` instructions per DMA command, into a
+    queue of :data:`~hw.config.FETCH_DEPTH` entries.
+
+    It asks for a batch while the queue has room for all of it (level at most
+    :data:`~hw.config.FETCH_HIGH_WATER`). The DMA reader is shared: the load unit's command
+    goes first unless the queue runs low (below :data:`~hw.config.FETCH_LOW_WATER`), and
+    the rows of the load unit's commands go to it (``load``).
+
+    Attributes
+    ----------
+    control : In(FetchControlSignature())
+    reader : Out(ReaderSignature)
+        To the DMA reader.
+    load : In(ReaderSignature)
+        The load unit's share of the reader.
+    fetched : Out(stream.Signature(FetchedWord))
+        The queue's head.
+    flush : Out(1)
+        The queue is emptied in this cycle (``begin``, or a refetch): what was taken from it
+        is stale too.
+    """
+    def __init__(self, *, read_row_bytes):
+        self.read_row_bytes = read_row_bytes
+        super().__init__({
+            "control": In(FetchControlSignature()),
+            "reader":  Out(ReaderSignature(8 * read_row_bytes)),
+            "load":    In(ReaderSignature(8 * read_row_bytes)),
+            "fetched": Out(stream.Signature(FetchedWord)),
+            "flush":   Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        control, reader, load = self.control, self.reader, self.load
+
+        queue = fifo.SyncFIFO(width=data.Layout.cast(FetchedWord).size, depth=FETCH_DEPTH)
+        m.submodules.queue = ResetInserter(self.flush)(queue)
+        m.d.comb += [
+            self.fetched.valid.eq(queue.r_rdy),
+            self.fetched.payload.eq(queue.r_data),
+            queue.r_en.eq(self.fetched.ready),
+        ]
+        # The issue stage never lets the queue overflow: a batch is asked for only while it fits.
+        m.d.sync += Assert(~queue.w_en | queue.w_rdy, "instruction queue overflow")
+
+        fetch_pc = Signal(32)        # index of the next instruction the fetcher delivers
+        fetch_stop = Signal()        # a fetch failed: the queue ends in its error entry
+        refetch = Signal()           # a store over the program: refetch after it
+        reader_busy = Signal()
+        reader_is_load = Signal()    # the command in the reader is the load unit's
+        m.d.comb += [control.refetch.eq(refetch), control.reader_busy.eq(reader_busy)]
+
+        prog_end = Signal(34)
+        m.d.comb += prog_end.eq(control.prog_addr + control.prog_len * INSTR_BYTES)
+        with m.If(control.store_issued & (control.store_lo < prog_end) &
+                  (control.prog_addr < control.store_hi)):
+            m.d.sync += refetch.eq(1)
+
+        # ------------------------------------------------------------ reader arbiter
+        fetch_rows = Signal(range(FETCH_BURST + 1))
+        with m.If(control.prog_len - fetch_pc >= FETCH_BURST):
+            m.d.comb += fetch_rows.eq(FETCH_BURST)
+        with m.Else():
+            m.d.comb += fetch_rows.eq(control.prog_len - fetch_pc)
+        fetch_want = (control.enable & ~refetch & ~fetch_stop &
+                      (fetch_pc != control.prog_len) & (queue.level <= FETCH_HIGH_WATER))
+        grant_fetch = Signal()
+        grant_load = Signal()
+        with m.If(~reader_busy & ~control.halt):
+            with m.If(fetch_want & (~load.cmd.valid | (queue.level < FETCH_LOW_WATER))):
+                m.d.comb += grant_fetch.eq(1)
+            with m.Elif(load.cmd.valid):
+                m.d.comb += grant_load.eq(1)
+        with m.If(grant_fetch):
+            m.d.comb += [
+                reader.cmd.valid.eq(1),
+                reader.cmd.payload.addr.eq(control.prog_addr + fetch_pc * INSTR_BYTES),
+                reader.cmd.payload.rows.eq(fetch_rows),
+                reader.cmd.payload.row_bytes.eq(INSTR_BYTES),
+                reader.cmd.payload.stride.eq(INSTR_BYTES),
+            ]
+        with m.Elif(grant_load):
+            m.d.comb += [reader.cmd.valid.eq(1), reader.cmd.payload.eq(load.cmd.payload)]
+        m.d.comb += load.cmd.ready.eq(grant_load & reader.cmd.ready)
+        with m.If(reader.cmd.valid & reader.cmd.ready):
+            m.d.sync += [reader_busy.eq(1), reader_is_load.eq(grant_load)]
+        with m.If(reader.done):
+            m.d.sync += reader_busy.eq(0)
+
+        # ------------------------------------------------------------ rows to their user
+        loading = reader_busy & reader_is_load
+        m.d.comb += [
+            load.row.valid.eq(loading & reader.row.valid),
+            load.row.payload.eq(reader.row.payload),
+            load.done.eq(loading & reader.done),
+            load.error.eq(reader.error),
+        ]
+        # Fetched words go to the queue; a failed fetch leaves an error entry in its place.
+        fetching = reader_busy & ~reader_is_load
+        entry = Signal(FetchedWord)
+        with m.If(fetching & reader.row.valid):
+            m.d.comb += [queue.w_en.eq(1), entry.instr.eq(reader.row.payload)]
+            m.d.sync += fetch_pc.eq(fetch_pc + 1)
+        with m.If(fetching & reader.done & reader.error):
+            m.d.comb += [queue.w_en.eq(1), entry.bus_error.eq(1)]
+            m.d.sync += fetch_stop.eq(1)
+        m.d.comb += queue.w_data.eq(entry)
+
+        # After a store over the program: drop what was fetched, read on from pc.
+        with m.If(refetch & ~control.store_busy & ~reader_busy):
+            m.d.comb += self.flush.eq(1)
+            m.d.sync += [refetch.eq(0), fetch_pc.eq(control.pc), fetch_stop.eq(0)]
+
+        with m.If(control.begin):
+            m.d.comb += self.flush.eq(1)
+            m.d.sync += [fetch_pc.eq(0), fetch_stop.eq(0), refetch.eq(0)]
+        return m

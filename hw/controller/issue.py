@@ -1,0 +1,277 @@
+"""The issue stage: runs the program (start, stop, errors), takes decoded instructions in
+program order and hands each to its unit once no hazard holds it back."""
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..isa import INSTR_BYTES, ErrorCode, Opcode
+from .decoder import Decoded
+from .fetcher import FetchControlSignature
+from .load_unit import LoadStatus
+from .signatures import Fault, HostLinkSignature, UnitSignature
+from .store_unit import StoreStatus
+from .streamer import WRITEBACK_SLOTS, StreamStatus
+from .weight_loader import WeightStatus
+
+
+__all__ = ["IssueStage"]
+
+
+def _overlap(a, a_rows, b, b_rows):
+    return (a < b + b_rows) & (b < a + a_rows)
+
+
+class IssueStage(wiring.Component):
+    """Starts and ends the program, issues its instructions in order, counts the stalls.
+
+    An instruction waits while it would conflict with one that a unit still runs (hazards on
+    scratchpad rows, accumulator rows, DRAM bytes, the shadow weights and the requantization
+    state), so every program computes what it computes one instruction at a time
+    (:mod:`sw.model`). A store starts only once no load before it can still fail.
+
+    Errors are precise: the first failing instruction in program order wins, and the program
+    stops with its code and index once every unit is idle.
+
+    On ``start`` (ignored while a soft reset is pending) the program registers are checked
+    and latched: a host write to them while busy takes effect at the next start. A soft reset
+    (``host.soft_reset``) sets ``soft_reset_pending``, which stops the units from starting
+    bus transactions; the NPU resets its core once the DMA is idle (:mod:`hw.top`).
+
+    Attributes
+    ----------
+    host : Out(HostLinkSignature())
+    soft_reset_pending : Out(1)
+    fetch : Out(FetchControlSignature())
+    decoded : In(stream.Signature(Decoded))
+    load, weights, stream, store : Out(UnitSignature(...))
+        The links to the load unit, weight loader, streamer and store unit.
+    """
+    def __init__(self, config):
+        self.config = config
+        super().__init__({
+            "host":               Out(HostLinkSignature()),
+            "soft_reset_pending": Out(1),
+            "fetch":              Out(FetchControlSignature()),
+            "decoded":            In(stream.Signature(Decoded)),
+            "load":               Out(UnitSignature(LoadStatus, fault=True)),
+            "weights":            Out(UnitSignature(WeightStatus)),
+            "stream":             Out(UnitSignature(StreamStatus)),
+            "store":              Out(UnitSignature(StoreStatus, fault=True, halt=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        rows = self.config.rows
+        host, perf = self.host, self.host.perf
+        load, weights, stream_, store = (self.load.status, self.weights.status,
+                                         self.stream.status, self.store.status)
+
+        # ------------------------------------------------------------ run state
+        running = Signal()           # between start and done/error
+        halting = Signal()           # a soft reset is pending (the core reset clears it)
+        with m.If(host.soft_reset):
+            m.d.sync += halting.eq(1)
+        m.d.comb += [
+            self.soft_reset_pending.eq(halting),
+            host.busy.eq(running | halting),
+            self.store.halt.eq(halting),
+        ]
+        start = Signal()
+        m.d.comb += start.eq(host.start & ~halting)
+        with m.If(running):
+            m.d.sync += host.cycles.eq(host.cycles + 1)
+        start_while_busy = Signal()
+        with m.If(start & running):
+            m.d.sync += start_while_busy.eq(1)
+        with m.If(~running):
+            m.d.sync += start_while_busy.eq(0)
+        prog_addr = Signal(32)
+        prog_len = Signal(32)
+        stopping = Signal()
+        stop_code = Signal(8)
+        stop_pc = Signal(32)
+
+        # ------------------------------------------------------------ hazards
+        head = self.decoded.payload
+        instr = head.instr
+        opcode = instr.opcode
+        args = instr.args
+        drained = stream_.drained
+        # A store reads accumulator rows: it waits for MATMULs that still write any of them.
+        # A write still in the accumulator's second stage lands before the store's first
+        # read, two cycles after the issue: the store need not wait for it.
+        store_raw = Cat(*[
+            stream_.writes[i].valid & _overlap(args.store.acc_addr, args.store.rows,
+                                               stream_.writes[i].acc_addr, stream_.writes[i].rows)
+            for i in range(WRITEBACK_SLOTS)]).any()
+        store_dram_hazard = store.busy & (head.lo < store.hi) & (store.lo < head.hi)
+
+        blocked_load = Signal()      # why the head waits, for the stall counters
+        blocked_store = Signal()
+        blocked_array = Signal()
+        with m.Switch(opcode):
+            with m.Case(Opcode.END):
+                m.d.comb += [
+                    blocked_load.eq(load.busy | self.fetch.reader_busy),
+                    blocked_array.eq(weights.busy | ~drained),
+                    blocked_store.eq(store.busy),
+                ]
+            with m.Case(Opcode.LOAD_SPAD):
+                local = args.load.local_addr
+                m.d.comb += [
+                    blocked_load.eq(load.busy),
+                    blocked_array.eq(
+                        (stream_.busy & _overlap(local, args.load.rows,
+                                                 stream_.spad_addr, stream_.rows)) |
+                        (weights.busy & _overlap(local, args.load.rows,
+                                                 weights.spad_addr, rows))),
+                    blocked_store.eq(store_dram_hazard),
+                ]
+            with m.Case(Opcode.LOAD_ACC):
+                m.d.comb += [
+                    blocked_load.eq(load.busy),
+                    blocked_array.eq(~drained),
+                    blocked_store.eq(store.busy),
+                ]
+            with m.Case(Opcode.LOAD_QUANT):
+                m.d.comb += [
+                    blocked_load.eq(load.busy),
+                    blocked_store.eq(store.busy),
+                ]
+            with m.Case(Opcode.PRELOAD):
+                m.d.comb += [
+                    blocked_load.eq(load.to_spad & _overlap(args.preload.spad_addr, rows,
+                                                            load.local_addr, load.rows)),
+                    blocked_array.eq(weights.busy),
+                ]
+            with m.Case(Opcode.MATMUL):
+                matmul = args.matmul
+                m.d.comb += [
+                    blocked_load.eq(load.to_acc |
+                                    (load.to_spad & _overlap(matmul.spad_addr, matmul.rows,
+                                                             load.local_addr, load.rows))),
+                    blocked_array.eq(~stream_.free | stream_.full | weights.busy),
+                    blocked_store.eq(store.busy & _overlap(matmul.acc_addr, matmul.rows,
+                                                           store.acc_addr, store.rows)),
+                ]
+            with m.Case(Opcode.STORE, Opcode.STORE_Q):
+                m.d.comb += [
+                    blocked_load.eq(load.busy),       # no load before a store may still fail
+                    blocked_array.eq(store_raw),
+                    blocked_store.eq(store.busy),
+                ]
+
+        # ------------------------------------------------------------ issue
+        issue = Signal()
+        issue_fault = Signal(Fault)
+        m.d.comb += issue_fault.pc.eq(host.pc)
+
+        def raise_error(code):
+            m.d.comb += [issue_fault.valid.eq(1), issue_fault.code.eq(code)]
+
+        with m.If(running & ~stopping & ~self.fetch.refetch):
+            with m.If(start_while_busy):
+                raise_error(ErrorCode.START_BUSY)
+            with m.Elif(host.pc == prog_len):
+                raise_error(ErrorCode.PROGRAM)
+            with m.Elif(~self.decoded.valid):
+                m.d.sync += perf.stall_fetch.eq(perf.stall_fetch + 1)
+            with m.Elif(head.bus_error):
+                raise_error(ErrorCode.BUS_READ)
+            with m.Elif(head.check != 0):
+                raise_error(head.check)
+            with m.Elif(blocked_load | blocked_store | blocked_array):
+                with m.If(blocked_load):
+                    m.d.sync += perf.stall_load.eq(perf.stall_load + 1)
+                with m.Elif(blocked_store):
+                    m.d.sync += perf.stall_store.eq(perf.stall_store + 1)
+                with m.Else():
+                    m.d.sync += perf.stall_array.eq(perf.stall_array + 1)
+            with m.Else():
+                m.d.comb += issue.eq(1)
+        m.d.comb += self.decoded.ready.eq(issue)
+
+        units = {
+            self.load:    (Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.LOAD_QUANT),
+            self.weights: (Opcode.PRELOAD,),
+            self.stream:  (Opcode.MATMUL,),
+            self.store:   (Opcode.STORE, Opcode.STORE_Q),
+        }
+        for unit, opcodes in units.items():
+            m.d.comb += [
+                unit.cmd.valid.eq(issue & Cat(*[opcode == op for op in opcodes]).any()),
+                unit.cmd.payload.instr.eq(instr),
+                unit.cmd.payload.pc.eq(host.pc),
+                unit.cmd.payload.lo.eq(head.lo),
+                unit.cmd.payload.hi.eq(head.hi),
+            ]
+        with m.If(issue):
+            m.d.sync += perf.instructions.eq(perf.instructions + 1)
+            with m.If(opcode == Opcode.END):
+                m.d.sync += [running.eq(0), host.done.eq(1)]
+            with m.Else():
+                m.d.sync += host.pc.eq(host.pc + 1)
+        with m.If(stream_.busy):
+            m.d.sync += [perf.array_rows.eq(perf.array_rows + 1),
+                         perf.useful_macs.eq(perf.useful_macs + stream_.macs)]
+
+        m.d.comb += [
+            self.fetch.begin.eq(~running & start),
+            self.fetch.enable.eq(running & ~stopping & ~(issue & (opcode == Opcode.END))),
+            self.fetch.halt.eq(halting),
+            self.fetch.prog_addr.eq(prog_addr),
+            self.fetch.prog_len.eq(prog_len),
+            self.fetch.pc.eq(host.pc),
+            self.fetch.store_issued.eq(self.store.cmd.valid),
+            self.fetch.store_lo.eq(head.lo),
+            self.fetch.store_hi.eq(head.hi),
+            self.fetch.store_busy.eq(store.busy),
+        ]
+
+        # ------------------------------------------------------------ errors, stop
+        # The earliest error in program order among the pending one and this cycle's: the
+        # lowest pc, the first in this order on a tie. The candidates' pcs are compared
+        # pairwise, side by side, so that the comparisons do not form a chain.
+        candidates = [(stopping, stop_code, stop_pc)]
+        for fault in (issue_fault, self.load.fault, self.store.fault):
+            candidates.append((fault.valid, fault.code, fault.pc))
+        below = {}                  # below[a, b]: pc of a < pc of b, for a > b
+        for a, (_, _, pc_a) in enumerate(candidates):
+            for b, (_, _, pc_b) in enumerate(candidates[:a]):
+                below[a, b] = Signal(name=f"error_pc_below_{a}_{b}")
+                m.d.comb += below[a, b].eq(pc_a < pc_b)
+        best_valid, best_code, best_pc = 0, 0, 0
+        for k, (valid_k, code_k, pc_k) in reversed(list(enumerate(candidates))):
+            beaten_by = [candidates[j][0] & ~below[k, j] for j in range(k)]       # pc_j <= pc_k
+            beaten_by += [candidates[j][0] & below[j, k] for j in range(k + 1, len(candidates))]
+            wins = Signal(name=f"error_candidate_{k}_wins")
+            m.d.comb += wins.eq(valid_k & ~Cat(*beaten_by).any())
+            best_valid = wins | best_valid
+            best_code = Mux(wins, code_k, best_code)
+            best_pc = Mux(wins, pc_k, best_pc)
+        with m.If(running):
+            m.d.sync += [stopping.eq(best_valid), stop_code.eq(best_code),
+                         stop_pc.eq(best_pc)]
+        all_idle = (~load.busy & ~weights.busy & drained & ~store.busy &
+                    ~self.fetch.reader_busy & ~self.fetch.refetch)
+        with m.If(running & stopping & all_idle):
+            m.d.sync += [
+                running.eq(0), stopping.eq(0), host.error.eq(1),
+                host.error_code.eq(stop_code), host.error_pc.eq(stop_pc),
+            ]
+
+        # ------------------------------------------------------------ start
+        with m.If(~running & start):
+            m.d.sync += [
+                host.done.eq(0), host.error.eq(0), host.error_code.eq(0),
+                host.error_pc.eq(0), host.pc.eq(0), host.cycles.eq(1),
+                stopping.eq(0), perf.eq(0),
+                prog_addr.eq(host.prog_addr), prog_len.eq(host.prog_len),
+            ]
+            with m.If((host.prog_addr[:4] != 0) | (host.prog_len == 0) |
+                      (host.prog_addr + host.prog_len * INSTR_BYTES > (1 << 32))):
+                m.d.sync += [host.error.eq(1), host.error_code.eq(ErrorCode.PROGRAM)]
+            with m.Else():
+                m.d.sync += running.eq(1)
+        return m

@@ -1,0 +1,161 @@
+"""The load unit: ``LOAD_SPAD``, ``LOAD_ACC`` and ``LOAD_QUANT``, on the DMA reader."""
+
+from amaranth.hdl import Cat, Module, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import WritePort
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..accumulator import AccumulatorWriteSignature
+from ..isa import ErrorCode, Opcode
+from .signatures import QuantState, ReaderSignature, UnitSignature
+
+
+__all__ = ["LoadUnit", "LoadStatus"]
+
+
+class LoadStatus(data.Struct):
+    """What the load unit holds, for the issue stage's hazard checks."""
+    busy:       1
+    to_spad:    1    #: a LOAD_SPAD into rows [local_addr, local_addr + rows)
+    to_acc:     1    #: a LOAD_ACC (it writes through the streamer's share of the port)
+    local_addr: 16
+    rows:       16
+
+
+class LoadUnit(wiring.Component):
+    """Moves a 2-D DRAM block into scratchpad or accumulator rows, or the requantization
+    state into a staging register.
+
+    A ``LOAD_QUANT`` reads two rows (multipliers, then shifts); a cycle after its last row the
+    unit checks them with the operands (zero point, clamp, shift range) and either hands the
+    new state to the store unit (``quant``) or raises ``QUANT``, leaving the old state.
+
+    Attributes
+    ----------
+    issue : In(UnitSignature(LoadStatus, fault=True))
+    reader : Out(ReaderSignature)
+        The load unit's share of the DMA reader.
+    spad : In(WritePort.Signature)
+        The scratchpad's write port.
+    acc : In(AccumulatorWriteSignature)
+        The accumulator's write port, as the streamer shares it.
+    quant : Out(stream.Signature(QuantState(cols), always_ready=True))
+        Valid for a cycle when a ``LOAD_QUANT`` succeeds.
+    """
+    def __init__(self, config, *, read_row_bytes):
+        self.config = config
+        super().__init__({
+            "issue":  In(UnitSignature(LoadStatus, fault=True)),
+            "reader": Out(ReaderSignature(8 * read_row_bytes)),
+            "spad":   In(WritePort.Signature(addr_width=ceil_log2(config.spad_depth),
+                                             shape=8 * config.spad_row_bytes)),
+            "acc":    In(AccumulatorWriteSignature(config.acc_depth, config.cols)),
+            "quant":  Out(stream.Signature(QuantState(config.cols), always_ready=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cols = self.config.cols
+        cmd, status, fault = self.issue.cmd, self.issue.status, self.issue.fault
+        reader = self.reader
+
+        busy = Signal()
+        sent = Signal()              # the DMA command went out
+        check = Signal()             # LOAD_QUANT: check the staged state in this cycle
+        op = Signal(8)
+        local = Signal(16)
+        rows = Signal(16)
+        row_bytes = Signal(16)
+        addr = Signal(32)
+        stride = Signal(32)
+        pc = Signal(32)
+        count = Signal(17)
+        zero_point = Signal(signed(16))
+        act_min = Signal(signed(8))
+        act_max = Signal(signed(8))
+        lanes32 = data.ArrayLayout(signed(32), cols)
+        staged_multipliers = Signal(lanes32)
+        staged_shifts = Signal(lanes32)
+
+        m.d.comb += [
+            status.busy.eq(busy),
+            status.to_spad.eq(busy & (op == Opcode.LOAD_SPAD)),
+            status.to_acc.eq(busy & (op == Opcode.LOAD_ACC)),
+            status.local_addr.eq(local),
+            status.rows.eq(rows),
+            fault.pc.eq(pc),
+        ]
+
+        issued = cmd.payload.instr
+        with m.If(cmd.valid):
+            m.d.sync += [busy.eq(1), sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
+                         count.eq(0)]
+            with m.If(issued.opcode == Opcode.LOAD_QUANT):
+                quant = issued.args.quant
+                m.d.sync += [
+                    rows.eq(2), row_bytes.eq(quant.row_bytes), addr.eq(quant.dram_addr),
+                    stride.eq(quant.dram_stride), zero_point.eq(quant.zero_point),
+                    act_min.eq(quant.act_min), act_max.eq(quant.act_max),
+                ]
+            with m.Else():
+                load = issued.args.load
+                m.d.sync += [
+                    local.eq(load.local_addr), rows.eq(load.rows),
+                    row_bytes.eq(load.row_bytes), addr.eq(load.dram_addr),
+                    stride.eq(load.dram_stride),
+                ]
+
+        m.d.comb += [
+            reader.cmd.valid.eq(busy & ~sent & ~check),
+            reader.cmd.payload.addr.eq(addr),
+            reader.cmd.payload.rows.eq(rows),
+            reader.cmd.payload.row_bytes.eq(row_bytes),
+            reader.cmd.payload.stride.eq(stride),
+        ]
+        with m.If(reader.cmd.valid & reader.cmd.ready):
+            m.d.sync += sent.eq(1)
+
+        with m.If(reader.row.valid):
+            m.d.sync += count.eq(count + 1)
+            with m.If(op == Opcode.LOAD_QUANT):
+                with m.If(count == 0):
+                    m.d.sync += staged_multipliers.eq(reader.row.payload)
+                with m.Else():
+                    m.d.sync += staged_shifts.eq(reader.row.payload)
+        m.d.comb += [
+            self.spad.addr.eq(local + count),
+            self.spad.data.eq(reader.row.payload),
+            self.spad.en.eq(reader.row.valid & (op == Opcode.LOAD_SPAD)),
+            self.acc.addr.eq(local + count),
+            self.acc.data.eq(reader.row.payload),
+            self.acc.accumulate.eq(0),
+            self.acc.en.eq(reader.row.valid & (op == Opcode.LOAD_ACC)),
+        ]
+
+        with m.If(reader.done):
+            with m.If(reader.error):
+                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_READ)]
+                m.d.sync += busy.eq(0)
+            with m.Elif(op == Opcode.LOAD_QUANT):
+                m.d.sync += check.eq(1)
+            with m.Else():
+                m.d.sync += busy.eq(0)
+
+        shift_out_of_range = Cat(*[(lane < -31) | (lane > 31) for lane in staged_shifts]).any()
+        with m.If(check):
+            m.d.sync += [check.eq(0), busy.eq(0)]
+            with m.If((zero_point < -128) | (zero_point > 127) | (act_min > act_max) |
+                      shift_out_of_range):
+                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
+            with m.Else():
+                m.d.comb += [
+                    self.quant.valid.eq(1),
+                    self.quant.payload.multiplier.eq(staged_multipliers),
+                    self.quant.payload.zero_point.eq(zero_point),
+                    self.quant.payload.act_min.eq(act_min),
+                    self.quant.payload.act_max.eq(act_max),
+                ]
+                for lane in range(cols):
+                    m.d.comb += self.quant.payload.shift[lane].eq(staged_shifts[lane])
+        return m

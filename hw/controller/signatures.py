@@ -1,0 +1,124 @@
+"""The layouts and signatures the controller's blocks talk through, defined once."""
+
+from amaranth.hdl import signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..dma import BlockCommand
+from ..isa import Instruction
+
+
+__all__ = ["PerfCounters", "HostLinkSignature", "Fault", "Issued", "UnitSignature",
+           "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature"]
+
+
+class PerfCounters(data.Struct):
+    """The performance counters (``hw.isa.Reg.PERF_*``), 32 bits each, cleared at start."""
+    array_rows:    32   #: activation rows streamed into the array (R x C MAC slots each)
+    useful_macs:   32   #: MACs on real operands: rows x the MATMUL's ``k_width x n_width``
+    stall_fetch:   32   #: issue cycles with no instruction fetched yet
+    stall_load:    32   #: issue cycles waiting for the load unit
+    stall_store:   32   #: issue cycles waiting for the store unit
+    stall_array:   32   #: issue cycles waiting for the array (streamer, weights, drain)
+    instructions:  32   #: instructions issued (END included)
+
+
+def HostLinkSignature():
+    """The link between the host registers and the controller, as the controller sees it.
+
+    ``start`` and ``soft_reset`` are one-cycle pulses. ``prog_addr`` and ``prog_len`` are
+    the registers as the host wrote them; the controller latches them at ``start``.
+    ``busy`` is high from ``start`` to done or error, and while a soft reset is pending.
+    """
+    return wiring.Signature({
+        "start":      In(1),
+        "soft_reset": In(1),
+        "prog_addr":  In(32),
+        "prog_len":   In(32),
+        "busy":       Out(1),
+        "done":       Out(1),
+        "error":      Out(1),
+        "error_code": Out(8),
+        "error_pc":   Out(32),
+        "pc":         Out(32),
+        "cycles":     Out(64),
+        "perf":       Out(PerfCounters),
+    })
+
+
+class Fault(data.Struct):
+    """An error raised in this cycle: its :class:`hw.isa.ErrorCode` and the index of the
+    instruction that failed."""
+    valid: 1
+    code:  8
+    pc:    32
+
+
+class Issued(data.Struct):
+    """An instruction as the issue stage hands it to a unit: the instruction, its index and
+    the DRAM bytes ``[lo, hi)`` it touches (zero for instructions that touch none)."""
+    instr: Instruction
+    pc:    32
+    lo:    32
+    hi:    33
+
+
+def UnitSignature(status, *, fault=False, halt=False):
+    """The link from the issue stage to one unit, as the issue stage sees it.
+
+    ``cmd`` is valid for one cycle when the unit's instruction issues; ``status`` is what the
+    unit holds (for the hazard checks); ``fault`` the error the unit raises, if it can raise
+    any; ``halt``: a soft reset is pending, so start no new bus transaction.
+    """
+    members = {
+        "cmd":    Out(stream.Signature(Issued, always_ready=True)),
+        "status": In(status),
+    }
+    if fault:
+        members["fault"] = In(Fault)
+    if halt:
+        members["halt"] = Out(1)
+    return wiring.Signature(members)
+
+
+def ReaderSignature(row_bits):
+    """A share of the DMA reader, as its user sees it: a block command, the rows it reads
+    (one per cycle, never stalled), and ``done`` (with ``error`` on a bus error) at its end."""
+    return wiring.Signature({
+        "cmd":   Out(stream.Signature(BlockCommand)),
+        "row":   In(stream.Signature(row_bits, always_ready=True)),
+        "done":  In(1),
+        "error": In(1),
+    })
+
+
+def WriterSignature(row_bits):
+    """The DMA writer, as its user sees it: a block command, then its rows, then ``done``
+    (with ``error`` on a bus error)."""
+    return wiring.Signature({
+        "cmd":   Out(stream.Signature(BlockCommand)),
+        "row":   Out(stream.Signature(row_bits)),
+        "done":  In(1),
+        "error": In(1),
+    })
+
+
+def QuantState(cols):
+    """The requantization state ``LOAD_QUANT`` sets and ``STORE_Q`` uses."""
+    return data.StructLayout({
+        "multiplier": data.ArrayLayout(signed(32), cols),
+        "shift":      data.ArrayLayout(signed(6), cols),
+        "zero_point": signed(9),
+        "act_min":    signed(8),
+        "act_max":    signed(8),
+    })
+
+
+def CommitSignature():
+    """Between the weight loader and the streamer, as the weight loader sees it: ``pending``,
+    a complete weight tile waits in the shadow registers; ``take``, the MATMUL that commits
+    it issues (the streamer then marks its first row)."""
+    return wiring.Signature({
+        "pending": Out(1),
+        "take":    In(1),
+    })

@@ -1,0 +1,153 @@
+"""The store unit: ``STORE`` and ``STORE_Q``, from the accumulator's read port through the
+requantizer to the DMA writer."""
+
+from amaranth.hdl import Module, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import ReadPort
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..isa import ErrorCode, Opcode
+from ..requant import Requantizer
+from .signatures import QuantState, UnitSignature, WriterSignature
+
+
+__all__ = ["StoreUnit", "StoreStatus"]
+
+
+class StoreStatus(data.Struct):
+    """What the store unit holds, for the issue stage's hazard checks."""
+    busy:     1
+    acc_addr: 16    #: it reads accumulator rows [acc_addr, acc_addr + rows)
+    rows:     16
+    lo:       32    #: it writes DRAM bytes [lo, hi)
+    hi:       33
+
+
+class StoreUnit(wiring.Component):
+    """Writes accumulator rows to DRAM: as INT32 (``STORE``) or requantized to INT8
+    (``STORE_Q``, through :class:`~hw.requant.Requantizer` with the state the last
+    ``LOAD_QUANT`` set).
+
+    One row at a time: read it, requantize it (``Requantizer.latency`` cycles), hand it to
+    the DMA writer; after the last row, wait for the writer's response.
+
+    Attributes
+    ----------
+    issue : In(UnitSignature(StoreStatus, fault=True, halt=True))
+        While ``halt``, no new DMA command starts.
+    acc : In(ReadPort.Signature)
+        The accumulator's read port.
+    quant : In(stream.Signature(QuantState(cols), always_ready=True))
+        A new requantization state.
+    writer : Out(WriterSignature)
+        The DMA writer.
+    """
+    def __init__(self, config):
+        self.config = config
+        cols = config.cols
+        super().__init__({
+            "issue":  In(UnitSignature(StoreStatus, fault=True, halt=True)),
+            "acc":    In(ReadPort.Signature(addr_width=ceil_log2(config.acc_depth),
+                                            shape=data.ArrayLayout(signed(32), cols))),
+            "quant":  In(stream.Signature(QuantState(cols), always_ready=True)),
+            "writer": Out(WriterSignature(8 * config.acc_row_bytes)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cols = self.config.cols
+        cmd, status, fault = self.issue.cmd, self.issue.status, self.issue.fault
+        writer = self.writer
+
+        # The requantization state: until the first LOAD_QUANT, multipliers 0 and no clamp.
+        state = Signal(QuantState(cols), init={"act_min": -128, "act_max": 127})
+        with m.If(self.quant.valid):
+            m.d.sync += state.eq(self.quant.payload)
+        m.submodules.requant = requant = Requantizer(cols)
+        m.d.comb += [
+            requant.acc.eq(self.acc.data),
+            requant.multiplier.eq(state.multiplier),
+            requant.shift.eq(state.shift),
+            requant.zero_point.eq(state.zero_point),
+            requant.act_min.eq(state.act_min),
+            requant.act_max.eq(state.act_max),
+        ]
+
+        op = Signal(8)
+        acc_addr = Signal(16)
+        rows = Signal(16)
+        row_bytes = Signal(16)
+        addr = Signal(32)
+        stride = Signal(32)
+        pc = Signal(32)
+        count = Signal(16)
+        lo = Signal(32)
+        hi = Signal(33)
+        with m.If(cmd.valid):
+            store = cmd.payload.instr.args.store
+            m.d.sync += [
+                op.eq(cmd.payload.instr.opcode), acc_addr.eq(store.acc_addr),
+                rows.eq(store.rows), row_bytes.eq(store.row_bytes), addr.eq(store.dram_addr),
+                stride.eq(store.dram_stride), pc.eq(cmd.payload.pc), count.eq(0),
+                lo.eq(cmd.payload.lo), hi.eq(cmd.payload.hi),
+            ]
+        m.d.comb += [
+            status.acc_addr.eq(acc_addr),
+            status.rows.eq(rows),
+            status.lo.eq(lo),
+            status.hi.eq(hi),
+            fault.pc.eq(pc),
+            writer.cmd.payload.addr.eq(addr),
+            writer.cmd.payload.rows.eq(rows),
+            writer.cmd.payload.row_bytes.eq(row_bytes),
+            writer.cmd.payload.stride.eq(stride),
+            self.acc.addr.eq(acc_addr + count),
+        ]
+
+        assert Requantizer.latency >= 2, "REQUANTIZE and at least one REQUANTIZE_WAIT"
+        requant_wait = Signal(range(Requantizer.latency - 1))
+        read = Signal()
+        m.d.comb += self.acc.en.eq(read)     # the read port holds its row between reads
+        with m.FSM(name="store") as fsm:
+            with m.State("IDLE"):
+                with m.If(cmd.valid):
+                    m.next = "COMMAND"
+            with m.State("COMMAND"):
+                m.d.comb += writer.cmd.valid.eq(~self.issue.halt)
+                with m.If(writer.cmd.valid & writer.cmd.ready):
+                    m.next = "READ"
+            with m.State("READ"):
+                m.d.comb += read.eq(1)
+                with m.If(op == Opcode.STORE_Q):
+                    m.next = "REQUANTIZE"
+                with m.Else():
+                    m.next = "ROW"
+            # STORE_Q: the row read in READ goes through the requantizer's pipeline; its
+            # result is there Requantizer.latency cycles after REQUANTIZE.
+            with m.State("REQUANTIZE"):
+                m.d.comb += requant.valid.eq(1)
+                m.d.sync += requant_wait.eq(Requantizer.latency - 2)
+                m.next = "REQUANTIZE_WAIT"
+            with m.State("REQUANTIZE_WAIT"):
+                m.d.sync += requant_wait.eq(requant_wait - 1)
+                with m.If(requant_wait == 0):
+                    m.next = "ROW"
+            with m.State("ROW"):
+                m.d.comb += writer.row.valid.eq(1)
+                with m.If(op == Opcode.STORE_Q):
+                    m.d.comb += writer.row.payload.eq(requant.result)
+                with m.Else():
+                    m.d.comb += writer.row.payload.eq(self.acc.data)
+                with m.If(writer.row.ready):
+                    m.d.sync += count.eq(count + 1)
+                    with m.If(count == rows - 1):
+                        m.next = "WAIT"
+                    with m.Else():
+                        m.next = "READ"
+            with m.State("WAIT"):
+                with m.If(writer.done):
+                    m.d.comb += [fault.valid.eq(writer.error), fault.code.eq(ErrorCode.BUS_WRITE)]
+                    m.next = "IDLE"
+        m.d.comb += status.busy.eq(~fsm.ongoing("IDLE"))
+        return m

@@ -1,0 +1,181 @@
+"""The streamer: ``MATMUL``, activation rows from the scratchpad through the array, results
+into the accumulator."""
+
+from amaranth.hdl import Assert, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import ReadPort
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..accumulator import AccumulatorWriteSignature
+from ..systolic import ActivationRow
+from .signatures import CommitSignature, UnitSignature
+
+
+__all__ = ["Streamer", "StreamStatus", "WRITEBACK_SLOTS"]
+
+
+#: MATMULs whose results may be in the array at once: the one streaming and the one before.
+WRITEBACK_SLOTS = 2
+
+
+class Writeback(data.Struct):
+    """A MATMUL whose results are still to come out of the array."""
+    valid:      1
+    acc_addr:   16
+    rows:       16
+    accumulate: 1
+
+
+class StreamStatus(data.Struct):
+    """What the streamer holds, for the issue stage's hazard checks and counters."""
+    busy:      1    #: reading an activation row in this cycle
+    free:      1    #: a MATMUL issued now streams right behind (idle, or on its last row)
+    spad_addr: 16   #: it reads scratchpad rows [spad_addr, spad_addr + rows)
+    rows:      16
+    macs:      32   #: useful MACs of each row it reads (k_width x n_width)
+    full:      1    #: every writeback slot holds a MATMUL
+    drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
+    writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
+
+
+class Streamer(wiring.Component):
+    """Streams a MATMUL's activation rows into the array and writes its results.
+
+    A MATMUL issued while the last row of the one before is read streams right behind it;
+    results leave the array in order and each goes to the oldest MATMUL's next row. The
+    accumulator's write port is the streamer's; the load unit's ``LOAD_ACC`` writes through
+    ``load_acc`` (the issue stage starts a LOAD_ACC only once the array is drained).
+
+    Attributes
+    ----------
+    issue : In(UnitSignature(StreamStatus))
+    commit : In(CommitSignature())
+        The first row of a MATMUL issued while ``commit.pending`` commits the shadow weights.
+    spad : In(ReadPort.Signature)
+        The scratchpad's activation read port.
+    act : Out(stream.Signature(ActivationRow(rows), always_ready=True))
+    result : In(stream.Signature(ArrayLayout(signed(32), cols), always_ready=True))
+    acc : In(AccumulatorWriteSignature)
+        The accumulator's write port.
+    load_acc : Out(AccumulatorWriteSignature)
+        The load unit's share of it.
+    """
+    def __init__(self, config):
+        self.config = config
+        acc_port = AccumulatorWriteSignature(config.acc_depth, config.cols)
+        super().__init__({
+            "issue":    In(UnitSignature(StreamStatus)),
+            "commit":   In(CommitSignature()),
+            "spad":     In(ReadPort.Signature(addr_width=ceil_log2(config.spad_depth),
+                                              shape=8 * config.spad_row_bytes)),
+            "act":      Out(stream.Signature(ActivationRow(config.rows), always_ready=True)),
+            "result":   In(stream.Signature(data.ArrayLayout(signed(32), config.cols),
+                                            always_ready=True)),
+            "acc":      In(acc_port),
+            "load_acc": Out(acc_port),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        rows, cols = self.config.rows, self.config.cols
+        cmd, status = self.issue.cmd, self.issue.status
+
+        busy = Signal()
+        spad_addr = Signal(16)
+        count = Signal(16)
+        stream_rows = Signal(16)
+        commit = Signal()
+        macs = Signal(32)
+        read = Signal()
+        read_commit = Signal()
+        # The MATMULs whose results are still to be written, oldest at ``head``.
+        slots = [Signal(Writeback, name=f"writeback_{i}") for i in range(WRITEBACK_SLOTS)]
+        head = Signal(range(WRITEBACK_SLOTS))
+        queued = Signal(range(WRITEBACK_SLOTS + 1))
+        push = Signal()
+        pop = Signal()
+        oldest = Signal(Writeback)
+        m.d.comb += oldest.eq(Mux(head, slots[1], slots[0]))
+        out_count = Signal(16)
+
+        m.d.comb += [
+            status.busy.eq(busy),
+            status.free.eq(~busy | (count == stream_rows - 1)),   # reading its last row this cycle
+            status.spad_addr.eq(spad_addr),
+            status.rows.eq(stream_rows),
+            status.macs.eq(macs),
+            status.full.eq(queued == WRITEBACK_SLOTS),
+            status.drained.eq(~busy & (queued == 0) & ~self.acc.busy),
+        ]
+        for i in range(WRITEBACK_SLOTS):
+            # Slot i is in use when it is the head and the queue is not empty, or the tail.
+            m.d.comb += [
+                status.writes[i].eq(slots[i]),
+                status.writes[i].valid.eq(((head == i) & (queued >= 1)) |
+                                          ((head != i) & (queued == 2))),
+            ]
+
+        m.d.sync += read.eq(0)
+        m.d.comb += self.spad.en.eq(busy)
+        with m.If(busy):
+            m.d.comb += self.spad.addr.eq(spad_addr + count)
+            m.d.sync += [
+                read.eq(1),
+                read_commit.eq(commit & (count == 0)),
+                count.eq(count + 1),
+            ]
+            with m.If(count == stream_rows - 1):
+                m.d.sync += busy.eq(0)
+        m.d.comb += self.commit.take.eq(cmd.valid)
+        with m.If(cmd.valid):
+            matmul = cmd.payload.instr.args.matmul
+            m.d.comb += push.eq(1)
+            for i in range(WRITEBACK_SLOTS):
+                # The tail: the slot after the head when one MATMUL is queued, else the head.
+                with m.If((head ^ (queued == 1)) == i):
+                    m.d.sync += [slots[i].acc_addr.eq(matmul.acc_addr),
+                                 slots[i].rows.eq(matmul.rows),
+                                 slots[i].accumulate.eq(matmul.accumulate)]
+            m.d.sync += [
+                busy.eq(1), spad_addr.eq(matmul.spad_addr), stream_rows.eq(matmul.rows),
+                count.eq(0), commit.eq(self.commit.pending),
+                macs.eq(Mux(matmul.k_width == 0, rows, matmul.k_width) *
+                        Mux(matmul.n_width == 0, cols, matmul.n_width)),
+            ]
+        m.d.comb += [
+            self.act.valid.eq(read),
+            self.act.payload.lanes.eq(self.spad.data[:8 * rows]),
+            self.act.payload.commit.eq(read_commit),
+        ]
+
+        # Results leave the array in order: each goes to the oldest MATMUL's next row. The
+        # write port is the load unit's otherwise.
+        with m.If(self.result.valid):
+            m.d.comb += [
+                self.acc.addr.eq(oldest.acc_addr + out_count),
+                self.acc.data.eq(self.result.payload),
+                self.acc.accumulate.eq(oldest.accumulate),
+                self.acc.en.eq(1),
+            ]
+            m.d.sync += out_count.eq(out_count + 1)
+            with m.If(out_count == oldest.rows - 1):
+                m.d.comb += pop.eq(1)
+                m.d.sync += [out_count.eq(0), head.eq(~head)]
+        with m.Else():
+            m.d.comb += [
+                self.acc.addr.eq(self.load_acc.addr),
+                self.acc.data.eq(self.load_acc.data),
+                self.acc.accumulate.eq(self.load_acc.accumulate),
+                self.acc.en.eq(self.load_acc.en),
+            ]
+        m.d.comb += self.load_acc.busy.eq(self.acc.busy)
+        # The issue stage starts a LOAD_ACC only on a drained array: no write is ever dropped.
+        m.d.sync += Assert(~(self.result.valid & self.load_acc.en),
+                           "an accumulator write of LOAD_ACC met a result of the array")
+
+        with m.If(push & ~pop):
+            m.d.sync += queued.eq(queued + 1)
+        with m.Elif(pop & ~push):
+            m.d.sync += queued.eq(queued - 1)
+        return m

@@ -1,0 +1,86 @@
+"""The weight loader: ``PRELOAD``, from the scratchpad's second read port into the array's
+shadow weights."""
+
+from amaranth.hdl import Module, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import ReadPort
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from .signatures import CommitSignature, UnitSignature
+
+
+__all__ = ["WeightLoader", "WeightStatus"]
+
+
+class WeightStatus(data.Struct):
+    """What the weight loader holds, for the issue stage's hazard checks."""
+    busy:      1
+    spad_addr: 16   #: it reads scratchpad rows [spad_addr, spad_addr + R)
+
+
+class WeightLoader(wiring.Component):
+    """Shifts R weight rows into the shadow registers, the last row first, one per cycle.
+
+    The shadow weights of a tile are complete after R rows (``commit.pending``); the next
+    ``MATMUL`` commits them. PE(i, j) takes its shadow weight i + j cycles after that
+    MATMUL's first row enters the array (:mod:`hw.systolic`), so the next tile waits
+    R + C - 1 cycles (``guard``) before it starts to shift.
+
+    Attributes
+    ----------
+    issue : In(UnitSignature(WeightStatus))
+    spad : In(ReadPort.Signature)
+        The scratchpad's weight read port.
+    weight : Out(stream.Signature(ArrayLayout(signed(8), cols), always_ready=True))
+        To the array's shadow weights.
+    commit : Out(CommitSignature())
+    """
+    def __init__(self, config):
+        self.config = config
+        super().__init__({
+            "issue":  In(UnitSignature(WeightStatus)),
+            "spad":   In(ReadPort.Signature(addr_width=ceil_log2(config.spad_depth),
+                                            shape=8 * config.spad_row_bytes)),
+            "weight": Out(stream.Signature(data.ArrayLayout(signed(8), config.cols),
+                                           always_ready=True)),
+            "commit": Out(CommitSignature()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        rows, cols = self.config.rows, self.config.cols
+        cmd, status = self.issue.cmd, self.issue.status
+
+        busy = Signal()
+        addr = Signal(16)
+        count = Signal(range(rows + 1))
+        pending = Signal()           # shadow weights wait for the next MATMUL
+        guard = Signal(range(rows + cols + 1))
+        read = Signal()
+        m.d.comb += [status.busy.eq(busy), status.spad_addr.eq(addr),
+                     self.commit.pending.eq(pending)]
+
+        with m.If(cmd.valid):
+            m.d.sync += [busy.eq(1), addr.eq(cmd.payload.instr.args.preload.spad_addr),
+                         count.eq(0)]
+
+        with m.If(guard != 0):
+            m.d.sync += guard.eq(guard - 1)
+        with m.If(self.commit.take & pending):
+            m.d.sync += guard.eq(rows + cols - 1)
+
+        m.d.sync += read.eq(0)
+        m.d.comb += self.spad.en.eq(busy & (guard == 0))
+        with m.If(busy & (guard == 0)):
+            m.d.comb += self.spad.addr.eq(addr + rows - 1 - count)
+            m.d.sync += [read.eq(1), count.eq(count + 1)]
+            with m.If(count == rows - 1):
+                m.d.sync += [busy.eq(0), pending.eq(1)]
+        with m.If(self.commit.take):
+            m.d.sync += pending.eq(0)
+        m.d.comb += [
+            self.weight.valid.eq(read),
+            self.weight.payload.eq(self.spad.data[:8 * cols]),
+        ]
+        return m
