@@ -11,7 +11,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.sim import Simulator
 
 from hw.axi import Resp
-from hw.dma import DMA
+from hw.dma import DMA, MAX_READS_OUTSTANDING
 from sim.amaranth_sim import AXI4MemoryModel, run_simulation
 
 
@@ -61,11 +61,15 @@ async def read_block(ctx, dut, addr, rows, row_bytes, stride):
     raise AssertionError(f"read of {rows} rows at {addr:#x} did not finish")
 
 
-async def write_block(ctx, dut, rng, addr, rows, row_bytes, stride, payloads):
+async def write_block(ctx, dut, rng, addr, rows, row_bytes, stride, payloads, *,
+                      after_command=None):
     """Run one write command, offering each row after a random delay; returns
-    ``write_error`` at ``write_done``."""
+    ``write_error`` at ``write_done``. ``after_command`` (an async function of ``ctx``) runs
+    once the command is taken, before the first row is offered."""
     _set_command(ctx, dut.write_cmd, addr, rows, row_bytes, stride)
     await _handshake(ctx, dut.write_cmd)
+    if after_command is not None:
+        await after_command(ctx)
     for payload in payloads:
         for _ in range(int(rng.integers(0, 3))):
             await ctx.tick()
@@ -305,3 +309,123 @@ def test_burst_split(data_width):
     sim = Simulator(m)
     sim.add_testbench(testbench)
     sim.run()
+
+
+async def _wait_idle(ctx, dut, model, where, timeout=50):
+    """Wait until both the DMA and the slave have nothing outstanding (a broken slave's
+    extra beats may still be on the bus when the DMA is done)."""
+    for _ in range(timeout):
+        if model.idle and ctx.get(dut.idle):
+            return
+        await ctx.tick()
+    raise AssertionError(f"{where}: DMA idle {ctx.get(dut.idle)}, slave idle {model.idle} "
+                         f"after {timeout} cycles")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("misframing", AXI4MemoryModel.MISFRAMINGS)
+@pytest.mark.parametrize("stalls", ["stalls", "full_rate"])
+def test_read_rlast_checked(width, misframing, stalls):
+    """A slave that ends a read burst a beat early (``short``), a beat late (``long``) or
+    never raises ``rlast`` (``no_rlast``): the command ends in read_done with read_error,
+    the rows before the bad burst are delivered and none from it on; every beat the slave
+    sends is taken, so both sides end idle; the next command is exact and error-free."""
+    seed = 0xD110 + width + 7 * AXI4MemoryModel.MISFRAMINGS.index(misframing) + (
+        stalls == "full_rate")
+    rng = np.random.default_rng(seed)
+    bus_bytes = width // 8
+    base, stride, rows = 0x6000, 0x100, 6
+    addr = base + (bus_bytes - 7) % bus_bytes    # two beats or more a row, one burst
+    bad_row = 2
+    bad = (base + bad_row * stride, base + (bad_row + 1) * stride, misframing)
+    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, misframed_reads=[bad],
+                            **MODEL_TIMING[stalls])
+    _fill(model, rng, base, 0x1000)
+
+    async def testbench(ctx):
+        where = f"seed {seed}, {misframing} burst at {bad[0]:#x}"
+        delivered, error = await read_block(ctx, dut, addr, rows, ROW_BYTES, stride)
+        assert error == 1, f"{where}: no read_error"
+        assert delivered == [_expected_row(model, addr + row * stride, ROW_BYTES, ROW_BYTES)
+                             for row in range(bad_row)], f"{where}: rows delivered"
+        await _wait_idle(ctx, dut, model, where)
+        clean = base + 0x800 + 5
+        delivered, error = await read_block(ctx, dut, clean, 3, ROW_BYTES, stride)
+        assert error == 0, f"{where}: read_error stuck"
+        assert delivered == [_expected_row(model, clean + row * stride, ROW_BYTES, ROW_BYTES)
+                             for row in range(3)], f"{where}: the next command"
+        await _wait_idle(ctx, dut, model, where)
+
+    run_simulation(dut, testbench, processes=[model.process])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_reads_outstanding_are_bounded(width):
+    """A slave that holds back every R beat sees exactly MAX_READS_OUTSTANDING read
+    addresses (one-beat bursts, every address accepted at once); once it answers, every row
+    arrives exactly."""
+    seed = 0xD120 + width
+    rng = np.random.default_rng(seed)
+    bus_bytes = width // 8
+    rows, stride = 3 * MAX_READS_OUTSTANDING, 2 * bus_bytes
+    addr = 0x7000
+    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, **MODEL_TIMING["full_rate"])
+    _fill(model, rng, addr, rows * stride)
+    row_bytes = min(ROW_BYTES, bus_bytes)   # a row is one beat: a burst per row
+    outcome = {}
+
+    async def reader(ctx):
+        outcome["read"] = await read_block(ctx, dut, addr, rows, row_bytes, stride)
+
+    async def slave(ctx):
+        model.hold_reads = True
+        for _ in range(4 * rows):
+            await ctx.tick()
+        outcome["held"] = len(model.read_bursts)
+        model.hold_reads = False
+
+    run_simulation(dut, reader, slave, processes=[model.process])
+    assert outcome["held"] == MAX_READS_OUTSTANDING, f"seed {seed}"
+    assert len(model.read_bursts) == rows
+    assert outcome["read"] == ([_expected_row(model, addr + row * stride, row_bytes, ROW_BYTES)
+                                for row in range(rows)], 0)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_spurious_write_response(width):
+    """A write response that no write burst asked for: with the writer idle it is ignored
+    (the DMA stays idle, the next write is exact and error-free); during a write command,
+    before any burst of it is answered, the command ends in write_done with write_error and
+    all its data written; the DMA is idle after either."""
+    seed = 0xD130 + width
+    rng = np.random.default_rng(seed)
+    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
+    addr, rows, stride = 0x9003, 3, 37
+
+    async def spurious(ctx):
+        model.send_spurious_write_response()
+        for _ in range(3):
+            await ctx.tick()
+
+    async def testbench(ctx):
+        await spurious(ctx)
+        await _wait_idle(ctx, dut, model, f"seed {seed}: spurious B while idle")
+        for during, expected_error in ((False, 0), (True, 1)):
+            where = f"seed {seed}, spurious B {'during' if during else 'before'} the command"
+            payloads = [rng.bytes(ROW_BYTES) for _ in range(rows)]
+            model.written = {}
+            error = await write_block(ctx, dut, rng, addr, rows, ROW_BYTES, stride, payloads,
+                                      after_command=spurious if during else None)
+            assert error == expected_error, where
+            assert model.written == _expected_writes(addr, ROW_BYTES, stride, payloads), where
+            await _wait_idle(ctx, dut, model, where)
+        payloads = [rng.bytes(ROW_BYTES) for _ in range(rows)]
+        model.written = {}
+        error = await write_block(ctx, dut, rng, addr, rows, ROW_BYTES, stride, payloads)
+        assert error == 0, f"seed {seed}: write_error stuck"
+        assert model.written == _expected_writes(addr, ROW_BYTES, stride, payloads)
+
+    run_simulation(dut, testbench, processes=[model.process])
