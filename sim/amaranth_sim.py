@@ -393,8 +393,9 @@ def run_jobs(jobs, *, config, seed, timeout_cycles, read_errors=(), write_errors
     :class:`AXI4MemoryModel` as DRAM and the host on AXI4-Lite; returns ``(outcomes, model)``.
 
     ``seed``, ``read_errors``, ``write_errors`` and ``timing`` (``ready_probability``,
-    ``max_latency``, ``read_latency``) go to the memory model. Raises ``AssertionError`` if a program does not
-    raise ``irq`` within ``timeout_cycles`` (or stay busy that long after a soft reset).
+    ``max_latency``, ``read_latency``) go to the memory model. Raises ``AssertionError`` if a
+    program does not raise ``irq`` within ``timeout_cycles`` (or stay busy that long after a
+    soft reset).
     """
     from hw.top import NPU
 

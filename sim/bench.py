@@ -422,9 +422,10 @@ class HDLDramModel:
         await self._command(hdl_dram.Command.DUMP)
         self.image[:] = _read_memh(hdl_dram.DUMP_FILE, self.bus_bytes).reshape(-1)
         if self._log is not None:
-            masks = np.array([int(line, 16) for line in _memh_lines(hdl_dram.WRITTEN_FILE)],
-                             dtype=np.uint32)
-            bits = (masks[:, None] >> np.arange(self.bus_bytes, dtype=np.uint32)) & 1
+            # A mask has a bit per byte of a word: 64 bits on a 512-bit bus, so it is read as
+            # bytes, not as one machine integer.
+            masks = _read_memh(hdl_dram.WRITTEN_FILE, -(-self.bus_bytes // 8))
+            bits = np.unpackbits(masks, axis=1, bitorder="little")[:, :self.bus_bytes]
             self._log = bits.astype(bool).reshape(-1)
 
 
