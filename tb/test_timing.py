@@ -1,6 +1,6 @@
 """The cycle model (:mod:`sw.timing`) against the RTL: every counter equal, cycle for cycle.
 
-For each of three configurations (three array sizes, the three AXI widths) 30 GEMMs run
+For each of five configurations (four array sizes, the five AXI widths) 30 GEMMs run
 under Verilator in one simulation: shapes with 1s, exact tiles, ragged tiles, several
 accumulator halves and blocks of A, the three GEMM schedules, and random shapes drawn from
 ``NPU_SEED``. The model predicts each program's cycles and all performance counters
@@ -29,7 +29,7 @@ BASE_SEED = int(os.environ.get("NPU_SEED", "20261202"))
 SHAPES_PER_CONFIG = 30
 #: Random shapes are drawn again while the model predicts more cycles than this.
 CYCLE_BUDGET = 30_000
-CONFIGS = [("5x3", 32), ("8x8", 64), ("16x16", 128)]
+CONFIGS = [("5x3", 32), ("8x8", 64), ("16x16", 128), ("4x4", 256), ("8x4", 512)]
 
 
 def _shapes(config, rng):
