@@ -9,6 +9,8 @@ from amaranth.hdl import unsigned
 from amaranth.lib import wiring, enum
 from amaranth.lib.wiring import In, Out
 
+from .config import BUS_WIDTHS
+
 
 __all__ = ["Burst", "Resp", "AXI4Signature", "AXI4LiteSignature"]
 
@@ -34,13 +36,14 @@ class AXI4Signature(wiring.Signature):
     addr_width : int
         Width of ``awaddr`` / ``araddr``.
     data_width : int
-        Width of ``wdata`` / ``rdata``: 32, 64 or 128.
+        Width of ``wdata`` / ``rdata``, one of :data:`hw.config.BUS_WIDTHS` (32 to 512).
     id_width : int
         Width of the ID signals.
     """
     def __init__(self, *, addr_width, data_width, id_width=1):
-        if data_width not in (32, 64, 128):
-            raise ValueError(f"data_width must be 32, 64 or 128, not {data_width!r}")
+        if data_width not in BUS_WIDTHS:
+            raise ValueError(f"data_width must be one of {', '.join(map(str, BUS_WIDTHS))}, "
+                             f"not {data_width!r}")
         self.addr_width = addr_width
         self.data_width = data_width
         self.id_width = id_width

@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass, field, fields
 
 
-__all__ = ["NPUConfig", "MAX_K", "FETCH_BURST", "FETCH_DEPTH", "FETCH_HIGH_WATER",
-           "FETCH_LOW_WATER"]
+__all__ = ["NPUConfig", "MAX_K", "BUS_WIDTHS", "default_bus_width", "FETCH_BURST",
+           "FETCH_DEPTH", "FETCH_HIGH_WATER", "FETCH_LOW_WATER"]
 
 
 #: Largest reduction length for which an INT32 sum of INT8 x INT8 products cannot overflow:
@@ -27,6 +27,24 @@ FETCH_DEPTH = 16
 FETCH_HIGH_WATER = FETCH_DEPTH - FETCH_BURST
 #: Below this many queued instructions, the fetcher goes before the load unit on the reader.
 FETCH_LOW_WATER = 4
+
+#: The AXI4 data widths the NPU can be built with, in bits.
+BUS_WIDTHS = (32, 64, 128, 256, 512)
+#: The narrowest bus a config gets by default: what every array up to 8 rows had before the
+#: default followed the array (a 32-bit bus stays available, given explicitly).
+_NARROWEST_DEFAULT_BUS = 64
+
+
+def default_bus_width(rows):
+    """The bus width of an array of ``rows`` PE rows when none is given: one INT8 activation
+    row (``8 * rows`` bits) a beat, so the DMA can feed the array a row a cycle (Kung's
+    balance of computation against I/O), rounded up to a power of two; at least 64 and at most
+    the widest in :data:`BUS_WIDTHS` (512, which 64 rows fill)."""
+    width = _NARROWEST_DEFAULT_BUS
+    while width < 8 * rows and width < BUS_WIDTHS[-1]:
+        width *= 2
+    return width
+
 
 _CONFIG_NAME = re.compile(r"^([1-9][0-9]*)x([1-9][0-9]*)$")
 
@@ -45,8 +63,11 @@ class NPUConfig:
         Number of scratchpad rows. A scratchpad row holds ``spad_row_bytes`` INT8 values.
     acc_depth : int
         Number of accumulator rows. An accumulator row holds ``cols`` INT32 values.
-    bus_width : int
-        Data width of the AXI4 master in bits: 32, 64 or 128.
+    bus_width : int, optional
+        Data width of the AXI4 master in bits, one of :data:`BUS_WIDTHS` (32 to 512). Left
+        out (or ``None``), :func:`default_bus_width` of ``rows``: 64 up to 8 rows, 128 up to
+        16, 256 up to 32, 512 above; the config then holds that number, so its JSON form and
+        :meth:`key` name it.
     addr_width : int
         Width of DRAM byte addresses on the AXI4 master.
     """
@@ -54,10 +75,13 @@ class NPUConfig:
     cols: int = 8
     spad_depth: int = 2048
     acc_depth: int = 512
-    bus_width: int = 64
+    bus_width: int = None
     addr_width: int = field(default=32)
 
     def __post_init__(self):
+        if self.bus_width is None and isinstance(self.rows, int):
+            # A frozen dataclass: the default that depends on another field is set here.
+            object.__setattr__(self, "bus_width", default_bus_width(self.rows))
         for item in fields(self):
             value = getattr(self, item.name)
             # 64.0 would pass the checks below and then break every width computed from it.
@@ -77,8 +101,9 @@ class NPUConfig:
         if self.spad_depth < self.rows:
             raise ValueError(f"spad_depth must hold at least one weight tile of {self.rows} "
                              f"rows, not {self.spad_depth}")
-        if self.bus_width not in (32, 64, 128):
-            raise ValueError(f"bus_width must be 32, 64 or 128, not {self.bus_width!r}")
+        if self.bus_width not in BUS_WIDTHS:
+            raise ValueError(f"bus_width must be one of {', '.join(map(str, BUS_WIDTHS))}, "
+                             f"not {self.bus_width!r}")
         if self.addr_width != 32:
             raise ValueError(f"addr_width must be 32, not {self.addr_width!r}")
 

@@ -1,13 +1,25 @@
 """The DMA engine: an AXI4 master moving 2-D strided blocks between DRAM and local rows."""
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AXI4Signature, Burst, Resp
 
 
-__all__ = ["BlockCommand", "DMA"]
+__all__ = ["BlockCommand", "DMA", "MAX_READS_OUTSTANDING"]
+
+
+#: Read bursts the reader has asked for (AR accepted) and not yet received in full, at most.
+#: The reader takes every R beat the cycle it comes (``rready`` is never low: a row leaves its
+#: one-row buffer the cycle after its last beat, to a consumer that is always ready), so its
+#: buffer needs no bound to be safe; the bound is the depth of the queue of burst lengths that
+#: the ``rlast`` check compares against, and what a slave must be able to queue. Eight keeps
+#: the R channel busy with one-beat bursts (instruction fetch on a bus of 128 bits or more,
+#: narrow rows) while a read's round trip, address accepted to first beat, is at most seven
+#: cycles, and it is the simulated DRAM's read queue depth (``AR_DEPTH`` in
+#: sim/hdl/npu_axi_dram.v), so that DRAM never holds an address back.
+MAX_READS_OUTSTANDING = 8
 
 
 class BlockCommand(data.Struct):
@@ -29,12 +41,23 @@ class DMA(wiring.Component):
     row and shifts it into place, the writer shifts each row onto the bus and masks it with
     ``wstrb``. Every burst is INCR with full-width beats, at most 256 beats long, and never
     crosses a 4 KiB boundary. The reader issues addresses ahead of the data it receives
-    (several reads outstanding); the writer sends a burst's data only after its address.
+    (at most :data:`MAX_READS_OUTSTANDING` bursts outstanding); the writer sends a burst's
+    data only after its address.
+
+    The slave's answers are checked, and a broken one ends the command in the same error as
+    a SLVERR or DECERR response, never in a hang: ``rlast`` must be high exactly on the last
+    beat of each read burst (as asked with ``arlen``), and an R beat must belong to a burst
+    asked for. On a framing error the reader sends no more addresses, takes the beats of the
+    bursts it has asked for (a burst ends at its ``rlast`` or at its last beat asked,
+    whichever comes first; ``rready`` stays high, so a longer burst's extra beats are taken
+    too), and then ends the command. A write response while no write burst awaits one is
+    not counted (the count of outstanding responses never wraps) and, during a write
+    command, ends that command with ``write_error``; with the writer idle it is ignored.
 
     Parameters
     ----------
     data_width : int
-        AXI data width in bits (32, 64 or 128).
+        AXI data width in bits (:data:`hw.config.BUS_WIDTHS`: 32 to 512).
     read_row_bytes : int
         Width of a row delivered by the reader; bytes past ``row_bytes`` read as zero.
     write_row_bytes : int
@@ -50,14 +73,17 @@ class DMA(wiring.Component):
     read_row : Out(stream.Signature(8 * read_row_bytes, always_ready=True))
         The rows of the block, in order.
     read_done, read_error : Out(1)
-        ``read_done`` pulses once all rows of a command have been delivered; ``read_error``
-        is then high if any beat was answered SLVERR or DECERR.
+        ``read_done`` pulses once all rows of a command have been delivered, or once the
+        bursts asked for are drained after a framing error; ``read_error`` is then high if
+        any beat was answered SLVERR or DECERR or a burst's framing was wrong. Rows from the
+        one with the error on are not delivered.
     write_cmd : In(stream.Signature(BlockCommand))
         Write a block; accepted when the writer is idle.
     write_row : In(stream.Signature(8 * write_row_bytes))
         The rows to write, in order.
     write_done, write_error : Out(1)
-        ``write_done`` pulses once every write response has come back.
+        ``write_done`` pulses once every write response has come back; ``write_error`` is
+        then high if one was SLVERR or DECERR or a response came that no burst awaited.
     idle : Out(1)
         No command is running and nothing is outstanding on the bus.
     """
@@ -163,6 +189,8 @@ class DMA(wiring.Component):
         r_rows_left = Signal(16)
         r_beat = Signal(17)
         r_error = Signal()
+        r_abort = Signal()          # a framing error: drain the bursts asked for, then end
+        r_burst_beat = Signal(8)    # beat within the burst at the head of read_lengths
         row_bytes = Signal(16)
         stride = Signal(32)
         buffer = Signal(data.ArrayLayout(self.data_width, read_words))
@@ -179,9 +207,14 @@ class DMA(wiring.Component):
                 ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
                 r_active.eq(1), r_row_addr.eq(cmd.addr), r_rows_left.eq(cmd.rows),
-                r_beat.eq(0), r_error.eq(0),
+                r_beat.eq(0), r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
             ]
+
+        # The arlen of every burst asked for and not yet received, oldest first: its depth
+        # bounds the reads outstanding.
+        m.submodules.read_lengths = lengths = fifo.SyncFIFO(width=8,
+                                                            depth=MAX_READS_OUTSTANDING)
 
         # Address side: walks the rows and their bursts, ahead of the data.
         ar_next_row = ar_row_addr + stride
@@ -192,7 +225,10 @@ class DMA(wiring.Component):
         m.d.comb += [
             bus.araddr.eq(ar_beat_addr),
             bus.arlen.eq(ar_len_minus_one),
-            bus.arvalid.eq(ar_active),
+            # The queue only fills at a handshake, so an address offered stays offered.
+            bus.arvalid.eq(ar_active & lengths.w_rdy),
+            lengths.w_en.eq(bus.arvalid & bus.arready),
+            lengths.w_data.eq(ar_len_minus_one),
         ]
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [
@@ -208,12 +244,39 @@ class DMA(wiring.Component):
                 ]
                 with m.If(ar_rows_left == 1):
                     m.d.sync += ar_active.eq(0)
+            with m.If(r_abort):
+                m.d.sync += ar_active.eq(0)
+        with m.Elif(r_active & r_abort & ~bus.arvalid):
+            # After a framing error no more addresses; one offered goes first (AXI A3.2.1).
+            m.d.sync += ar_active.eq(0)
+
+        # Framing: each beat against the head of read_lengths. A burst ends at its rlast or
+        # at its last beat asked, whichever comes first, so a broken slave is drained too.
+        r_fire = bus.rvalid & bus.rready
+        asked_last = Signal()
+        m.d.comb += asked_last.eq(r_burst_beat == lengths.r_data)
+        burst_end = r_fire & lengths.r_rdy & (bus.rlast | asked_last)
+        m.d.comb += [
+            # Never low: every beat is taken at once (see MAX_READS_OUTSTANDING), and a beat
+            # no burst asked for is dropped rather than left to block the channel.
+            bus.rready.eq(1),
+            lengths.r_en.eq(burst_end),
+        ]
+        with m.If(r_fire & lengths.r_rdy):
+            m.d.sync += r_burst_beat.eq(r_burst_beat + 1)
+            with m.If(burst_end):
+                m.d.sync += r_burst_beat.eq(0)
+        with m.If(r_active & r_fire & (~lengths.r_rdy | (bus.rlast != asked_last))):
+            m.d.sync += [r_abort.eq(1), r_error.eq(1)]
+        drained = Signal()
+        m.d.comb += drained.eq(r_active & r_abort & ~ar_active & ~lengths.r_rdy)
+        with m.If(drained):
+            m.d.sync += r_active.eq(0)
 
         # Data side: walks the same rows, collecting each row's beats into the buffer.
         _, r_offset, r_beats = self._row_geometry(m, r_row_addr, row_bytes, "rd_data")
-        m.d.comb += bus.rready.eq(r_active)
         m.d.sync += emit.eq(0)
-        with m.If(bus.rvalid & bus.rready):
+        with m.If(r_fire & lengths.r_rdy & ~r_abort):
             m.d.sync += buffer[r_beat].eq(bus.rdata)
             with m.If((bus.rresp == Resp.SLVERR) | (bus.rresp == Resp.DECERR)):
                 m.d.sync += r_error.eq(1)
@@ -238,7 +301,7 @@ class DMA(wiring.Component):
                     shifted[8 * byte:8 * byte + 8])
         m.d.comb += [
             self.read_row.valid.eq(emit & ~r_error),
-            self.read_done.eq(emit & emit_last),
+            self.read_done.eq((emit & emit_last) | drained),
             self.read_error.eq(r_error),
         ]
 
@@ -255,7 +318,7 @@ class DMA(wiring.Component):
         w_burst_len = Signal(range(257))
         w_data = Signal(data.ArrayLayout(self.data_width, write_words))
         w_strb = Signal(data.ArrayLayout(bus_bytes, write_words))
-        w_outstanding = Signal(20)
+        w_outstanding = Signal(20)   # bursts whose last beat went, awaiting their response
         w_error = Signal()
 
         # A row waiting while the row before it is written: the next row's address goes out
@@ -279,12 +342,15 @@ class DMA(wiring.Component):
         for byte in range(self.write_row_bytes):
             m.d.comb += byte_mask[byte].eq(byte < w_row_bytes)
 
-        aw_fire = bus.awvalid & bus.awready
+        # A burst awaits its response from its last W beat on (a response before it is as
+        # spurious as one with no burst at all); a spurious one is not counted.
+        burst_sent = bus.wvalid & bus.wready & bus.wlast
         b_fire = bus.bvalid & bus.bready
+        b_awaited = w_outstanding != 0
         m.d.comb += bus.bready.eq(1)
-        with m.If(aw_fire & ~b_fire):
+        with m.If(burst_sent & ~(b_fire & b_awaited)):
             m.d.sync += w_outstanding.eq(w_outstanding + 1)
-        with m.Elif(b_fire & ~aw_fire):
+        with m.Elif(b_fire & b_awaited & ~burst_sent):
             m.d.sync += w_outstanding.eq(w_outstanding - 1)
         with m.If(b_fire & ((bus.bresp == Resp.SLVERR) | (bus.bresp == Resp.DECERR))):
             m.d.sync += w_error.eq(1)
@@ -360,6 +426,9 @@ class DMA(wiring.Component):
                 with m.If(w_outstanding == 0):
                     m.d.comb += self.write_done.eq(1)
                     m.next = "IDLE"
+
+        with m.If(b_fire & ~b_awaited & ~writer_fsm.ongoing("IDLE")):
+            m.d.sync += w_error.eq(1)
 
         # The row offered while one is being written waits in next_row.
         with m.If(self.write_row.valid & self.write_row.ready &

@@ -97,9 +97,25 @@ class AXI4MemoryModel:
     read_errors, write_errors : sequence of ``(start, end, Resp)``
         Byte ranges ``[start, end)``: a read beat or write burst that touches one is answered
         with that response (and an erroneous write burst leaves memory unchanged).
+    misframed_reads : sequence of ``(start, end, kind)``
+        A broken slave: a read burst whose address lies in ``[start, end)`` is answered with
+        the wrong framing, by ``kind`` (:data:`MISFRAMINGS`): ``"short"``, a beat fewer than
+        asked, ``rlast`` on the last one sent (bursts of two beats or more); ``"long"``, a
+        beat more, ``rlast`` on the extra one; ``"no_rlast"``, the beats asked, none with
+        ``rlast``.
+    read_latency : int
+        Cycles added to every read burst's latency (on top of the random ``max_latency``).
+
+    Attributes
+    ----------
+    hold_reads : bool
+        While true, no R beat is offered (addresses are still accepted).
     """
+    #: The ways ``misframed_reads`` breaks a burst.
+    MISFRAMINGS = ("short", "long", "no_rlast")
+
     def __init__(self, bus, *, data_width, seed, ready_probability=0.7, max_latency=4,
-                 read_errors=(), write_errors=()):
+                 read_errors=(), write_errors=(), misframed_reads=(), read_latency=0):
         self.bus = bus
         self.bus_bytes = data_width // 8
         self.seed = seed
@@ -109,15 +125,24 @@ class AXI4MemoryModel:
         self.max_latency = max_latency
         self.read_errors = list(read_errors)
         self.write_errors = list(write_errors)
+        for _, _, kind in misframed_reads:
+            if kind not in self.MISFRAMINGS:
+                raise ValueError(f"a misframed read must be one of {', '.join(self.MISFRAMINGS)}, "
+                                 f"not {kind!r}")
+        self.misframed_reads = list(misframed_reads)
+        self.read_latency = read_latency
+        self.hold_reads = False
         self.memory = {}
         #: Every byte the DUT wrote, address -> last value.
         self.written = {}
         #: ``(addr, beats)`` of every accepted read and write burst.
         self.read_bursts = []
         self.write_bursts = []
-        self._ar = deque()   # accepted read bursts: [addr, beats, next_beat, ready_cycle]
+        # Accepted read bursts: [addr, beats, next_beat, ready_cycle, beats_sent, rlast_beat].
+        self._ar = deque()
         self._aw = deque()   # accepted write bursts awaiting data: [addr, beats, next_beat, resp]
         self._b = deque()    # write responses: [resp, ready_cycle]
+        self._spurious_b = 0  # write responses to send that no burst asked for
 
     # ------------------------------------------------------------------ memory contents
     @staticmethod
@@ -139,7 +164,12 @@ class AXI4MemoryModel:
     @property
     def idle(self):
         """No burst is waiting for data or a response."""
-        return not self._ar and not self._aw and not self._b
+        return not self._ar and not self._aw and not self._b and not self._spurious_b
+
+    def send_spurious_write_response(self):
+        """Send an OKAY write response that no write burst asked for (a protocol violation),
+        as soon as the B channel is free."""
+        self._spurious_b += 1
 
     def _response(self, ranges, start, length, default=Resp.OKAY):
         for lo, hi, resp in ranges:
@@ -173,17 +203,21 @@ class AXI4MemoryModel:
         cycle = 0
         r_beat = None       # (data, resp, last) offered on R until taken
         b_resp = None       # resp offered on B until taken
+        b_spurious = False  # whether that response is one no burst asked for
         held_ar = held_aw = held_w = None   # payloads that were valid but not yet accepted
         while True:
             arready, awready, wready = self._chance(), self._chance(), self._chance()
-            if r_beat is None and self._ar and self._ar[0][3] <= cycle and self._chance():
-                addr, beats, beat, _ = self._ar[0]
+            if (r_beat is None and not self.hold_reads and self._ar and self._ar[0][3] <= cycle
+                    and self._chance()):
+                addr, _, beat, _, _, rlast_beat = self._ar[0]
                 beat_addr = addr + beat * bus_bytes
                 data = int.from_bytes(self.peek(beat_addr, bus_bytes), "little")
                 resp = self._response(self.read_errors, beat_addr, bus_bytes)
-                r_beat = (data, resp, beat == beats - 1)
-            if b_resp is None and self._b and self._b[0][1] <= cycle and self._chance():
-                b_resp = self._b[0][0]
+                r_beat = (data, resp, beat == rlast_beat)
+            if b_resp is None and self._spurious_b:
+                b_resp, b_spurious = Resp.OKAY, True
+            elif b_resp is None and self._b and self._b[0][1] <= cycle and self._chance():
+                b_resp, b_spurious = self._b[0][0], False
             ctx.set(bus.arready, arready)
             ctx.set(bus.awready, awready)
             ctx.set(bus.wready, wready)
@@ -235,7 +269,17 @@ class AXI4MemoryModel:
             if arvalid and arready:
                 beats = self._check_burst("read", araddr, arlen, arsize, arburst)
                 self.read_bursts.append((araddr, beats))
-                self._ar.append([araddr, beats, 0, cycle + self._latency()])
+                sent, rlast_beat = beats, beats - 1
+                misframing = self._response(self.misframed_reads, araddr, 1, default=None)
+                if misframing == "short":
+                    assert beats >= 2, f"a one-beat burst at {araddr:#x} cannot be cut short"
+                    sent, rlast_beat = beats - 1, beats - 2
+                elif misframing == "long":
+                    sent, rlast_beat = beats + 1, beats
+                elif misframing == "no_rlast":
+                    rlast_beat = None
+                self._ar.append([araddr, beats, 0, cycle + self.read_latency + self._latency(),
+                                 sent, rlast_beat])
             held_ar = ar_now if arvalid and not arready else None
 
             if awvalid and awready:
@@ -248,11 +292,14 @@ class AXI4MemoryModel:
             if r_beat is not None and rready:
                 burst = self._ar[0]
                 burst[2] += 1
-                if burst[2] == burst[1]:
+                if burst[2] == burst[4]:
                     self._ar.popleft()
                 r_beat = None
             if b_resp is not None and bready:
-                self._b.popleft()
+                if b_spurious:
+                    self._spurious_b -= 1
+                else:
+                    self._b.popleft()
                 b_resp = None
 
 
@@ -348,8 +395,9 @@ def run_jobs(jobs, *, config, seed, timeout_cycles, read_errors=(), write_errors
     :class:`AXI4MemoryModel` as DRAM and the host on AXI4-Lite; returns ``(outcomes, model)``.
 
     ``seed``, ``read_errors``, ``write_errors`` and ``timing`` (``ready_probability``,
-    ``max_latency``) go to the memory model. Raises ``AssertionError`` if a program does not
-    raise ``irq`` within ``timeout_cycles`` (or stay busy that long after a soft reset).
+    ``max_latency``, ``read_latency``) go to the memory model. Raises ``AssertionError`` if a
+    program does not raise ``irq`` within ``timeout_cycles`` (or stay busy that long after a
+    soft reset).
     """
     from hw.top import NPU
 

@@ -95,7 +95,7 @@ class AXI4Checker(wiring.Component):
     Parameters
     ----------
     data_width : int
-        32, 64 or 128.
+        One of :data:`hw.config.BUS_WIDTHS` (32 to 512).
     depth : int
         Outstanding bursts tracked per direction; more is reported as ``CHECKER_OVERFLOW``.
 

@@ -422,16 +422,21 @@ class HDLDramModel:
         await self._command(hdl_dram.Command.DUMP)
         self.image[:] = _read_memh(hdl_dram.DUMP_FILE, self.bus_bytes).reshape(-1)
         if self._log is not None:
-            masks = np.array([int(line, 16) for line in _memh_lines(hdl_dram.WRITTEN_FILE)],
-                             dtype=np.uint32)
-            bits = (masks[:, None] >> np.arange(self.bus_bytes, dtype=np.uint32)) & 1
-            self._log = bits.astype(bool).reshape(-1)
+            self._log = _read_written(hdl_dram.WRITTEN_FILE, self.bus_bytes)
 
 
 def _memh_lines(path):
     """The words of a ``$writememh`` file, in hex (Icarus puts address comments between)."""
     return [line.strip() for line in Path(path).read_text().splitlines()
             if line.strip() and not line.lstrip().startswith("//")]
+
+
+def _read_written(path, bus_bytes):
+    """The DRAM's write log (``$writememh`` of a mask per word, bit ``i`` for byte ``i``) as one
+    ``bool`` per byte. A mask is read as bytes, not as a machine integer: it is 64 bits wide on
+    a 512-bit bus."""
+    masks = _read_memh(path, -(-bus_bytes // 8))
+    return np.unpackbits(masks, axis=1, bitorder="little")[:, :bus_bytes].astype(bool).reshape(-1)
 
 
 def _read_memh(path, width_bytes):

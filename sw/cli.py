@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from hw.config import NPUConfig
+from hw.config import BUS_WIDTHS, NPUConfig
 from .backend import SIMULATORS
 from .compiler import SCHEDULES
 from .errors import BackendUnavailable, NPUError, NPURunError, NPUValueError
@@ -106,8 +106,9 @@ def _build_parser():
                              help="scratchpad rows (default: NPUConfig's)")
         command.add_argument("--acc-depth", type=_positive_int, default=None,
                              help="accumulator rows (default: NPUConfig's)")
-        command.add_argument("--bus-width", type=int, choices=(32, 64, 128), default=None,
-                             help="AXI4 data width in bits (default: NPUConfig's, 64)")
+        command.add_argument("--bus-width", type=int, choices=BUS_WIDTHS, default=None,
+                             help="AXI4 data width in bits (default: 8 x rows rounded up to a "
+                                  "power of two, 64 to 512)")
 
     gemm = commands.add_parser("gemm", help="run C = A @ B and compare it with numpy")
     gemm.add_argument("--m", type=_positive_int, help="rows of A and C (random mode)")

@@ -13,11 +13,14 @@ The DRAM is modelled as the simulation's DRAM answers without back-pressure (the
 :class:`sim.dram.HDLDram`, whose latencies are the defaults here, and cocotbext-axi's AXI4
 slave, which answers the same, cycle for cycle: tb/test_dram_models.py): a read command's
 first beat arrives in the third cycle after the command is taken and the rest follow one per
-cycle; write addresses and data are always accepted; a burst's write response comes two
-cycles after its last beat. Those two delays are :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`,
-and :func:`predict` takes others for a DRAM that answers with other fixed delays but otherwise
-the same way (bursts streamed back to back, writes never stalled). Other DRAM timing changes
-the count, not the results; so does back-pressure.
+cycle (the reader sends an address a cycle, ahead of the data, but leaves at most
+:data:`hw.dma.MAX_READS_OUTSTANDING` bursts waiting for theirs, which only a DRAM slower than
+that many cycles a round trip feels); write addresses and data are always accepted; a burst's
+write response comes two cycles after its last beat. Those two delays are
+:data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`, and :func:`predict` takes others for
+a DRAM that answers with other fixed delays but otherwise the same way (bursts streamed back
+to back, writes never stalled). Other DRAM timing changes the count, not the results; so does
+back-pressure.
 
 Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``, ``MATMUL``,
 ``STORE`` and ``END``; programs are assumed to run without error.
@@ -27,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from hw.config import FETCH_BURST, FETCH_HIGH_WATER, FETCH_LOW_WATER
+from hw.dma import MAX_READS_OUTSTANDING
 from hw.isa import INSTR_BYTES, Opcode
 from sim import dram as simulated_dram
 
@@ -71,6 +75,40 @@ class Timing:
 
 def _beats(addr, row_bytes, bus_bytes):
     return (addr % bus_bytes + row_bytes + bus_bytes - 1) // bus_bytes
+
+
+def _read_rows(grant, command, bus, read_latency):
+    """The cycles in which the rows of a read command granted in cycle ``grant`` leave the
+    DMA reader, and its beats.
+
+    The reader sends a burst's address a cycle (the first in ``grant + 1``), while fewer than
+    :data:`~hw.dma.MAX_READS_OUTSTANDING` bursts wait for data: a burst's slot frees in the
+    cycle after its last beat. A burst's first beat comes ``read_latency - 1`` cycles after
+    its address, or right after the burst before it ends; a row leaves in the cycle after its
+    last beat. Bursts are cut as the DMA cuts them, at 4 KiB and at 256 beats.
+    """
+    addr, rows, row_bytes, stride = command
+    address = grant                          # the cycle of the last address sent
+    beat = grant + read_latency - 1          # the cycle of the last beat
+    ends = deque()                           # last-beat cycles of the bursts outstanding
+    times = []
+    beats = 0
+    for row in range(rows):
+        row_addr = addr + row * stride
+        beat_addr = row_addr - row_addr % bus
+        left = _beats(row_addr, row_bytes, bus)
+        beats += left
+        while left:
+            length = min(left, (4096 - beat_addr % 4096) // bus, 256)
+            address += 1
+            if len(ends) == MAX_READS_OUTSTANDING:
+                address = max(address, ends.popleft() + 1)
+            beat = max(address + read_latency - 1, beat + 1) + length - 1
+            ends.append(beat)
+            beat_addr += length * bus
+            left -= length
+        times.append(beat + 1)
+    return times, beats
 
 
 def _overlap(a, a_rows, b, b_rows):
@@ -259,17 +297,13 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             if reader_is_load:
                 ld_busy = False
         if grant is not None:
-            addr, count, row_bytes, stride = grant
             reader_busy, reader_is_load = True, grant_load
             if grant_load:
                 ld_sent = True
-            beat = t + read_latency - 1      # the cycle before the first beat
-            first = beat
-            for r in range(count):
-                beat += _beats(addr + r * stride, row_bytes, bus)
-                row_times.append(beat + 1)
-            read_done_at = beat + 1
-            read_beats += beat - first
+            times, beats = _read_rows(t, grant, bus, read_latency)
+            row_times.extend(times)
+            read_done_at = times[-1]
+            read_beats += beats
 
         # Weight loader.
         wl_read = wl_busy and guard == 0

@@ -8,6 +8,7 @@ each broken rule is reported as that rule, with the burst's address and the cycl
 import pytest
 
 from hw.axi import Burst
+from hw.config import BUS_WIDTHS
 from sim.amaranth_sim import run_simulation
 from sim.axi_checker import AXI4Checker, Rule
 
@@ -45,10 +46,10 @@ def merge(*cycles):
     return merged
 
 
-def run_trace(trace):
-    """Drive ``trace`` (one dict of bus values per cycle; ``irq`` too) into a checker;
-    return ``(error, rule, addr, cycle)`` after the last cycle."""
-    dut = AXI4Checker(data_width=WIDTH)
+def run_trace(trace, width=WIDTH):
+    """Drive ``trace`` (one dict of bus values per cycle; ``irq`` too) into a checker of a
+    ``width``-bit bus; return ``(error, rule, addr, cycle)`` after the last cycle."""
+    dut = AXI4Checker(data_width=width)
     names = list(dut.bus.signature.members)
     report = {}
 
@@ -138,3 +139,34 @@ def test_first_violation_is_kept():
 def test_every_rule_has_a_trace():
     covered = {entry[2] for entry in BAD_TRACES}
     assert covered == set(Rule) - {Rule.NONE}
+
+
+def _width_traces(width):
+    """Legal and broken bursts at ``width`` bits: (name, trace, rule, address reported)."""
+    size = (width // 8).bit_length() - 1
+    bus_bytes = width // 8
+    beats = min(256, 4096 // bus_bytes)            # a whole 4 KiB page, or 256 beats
+    full = (1 << bus_bytes) - 1
+    last_page = 0x3000 + 4096 - 2 * bus_bytes      # two beats up to a 4 KiB boundary
+    good = [ar(0x1000, beats - 1, size=size), *[r(0) for _ in range(beats - 1)], r(1),
+            ar(last_page, 1, size=size), r(0), r(1),
+            aw(0x2000, 1, size=size), w(1 << (width - 1), 0, strb=full),
+            w(1, 1, strb=full >> 1), b()]
+    return [
+        ("legal", good, Rule.NONE, 0),
+        ("ar_narrow", [ar(0x1000, 0, size=size - 1)], Rule.AR_NOT_FULL_WIDTH, 0x1000),
+        ("aw_unaligned", [aw(0x1000 + bus_bytes // 2, 0, size=size)], Rule.AW_UNALIGNED,
+         0x1000 + bus_bytes // 2),
+        ("ar_crosses_4k", [ar(last_page, 2, size=size)], Rule.AR_CROSSES_4K, last_page),
+    ]
+
+
+@pytest.mark.parametrize("width", BUS_WIDTHS)
+def test_every_bus_width(width):
+    """The width-dependent rules (full-width size, alignment, 4 KiB) at every bus width the
+    NPU can be built with, up to 512 bits (64 strobe bits)."""
+    for name, trace, rule, addr in _width_traces(width):
+        error, got_rule, got_addr, _ = run_trace(trace, width)
+        assert (error, got_rule) == (int(rule != Rule.NONE), rule), f"{width} bits: {name}"
+        if rule != Rule.NONE:
+            assert got_addr == addr, f"{width} bits: {name}"

@@ -105,7 +105,7 @@ def test_gemm_readable_summary(capsys):
 
 @pytest.mark.parametrize("config, bus_width, schedule", [
     ("8x8", "64", "auto"), ("5x7", "128", "resident"), ("1x1", "32", "streaming"),
-    ("4x4", "32", "overlap")])
+    ("4x4", "32", "overlap"), ("4x4", "256", "auto"), ("8x4", "512", "resident")])
 def test_gemm_on_the_model_predicts_cycles_and_counters(capsys, config, bus_width, schedule):
     """Exactly the cycle model's figures for the program the driver ran: same config, bus,
     schedule."""
@@ -561,6 +561,24 @@ def test_plan_predicts_gemm_cycles_exactly(capsys, shape, config, bus_width):
     assert run["bit_exact"] is True
     assert plan["predicted_cycles"] == run["cycles"]
     assert plan["predicted_counters"] == run["counters"]
+
+
+@pytest.mark.parametrize("config_arguments, bus_width", [
+    (["--config", "8x8"], 64), (["--config", "16x16"], 128),
+    (["--rows", "32", "--cols", "8"], 256), (["--config", "64x64"], 512),
+    (["--config", "32x32", "--bus-width", "64"], 64),
+    (["--config", "4x4", "--bus-width", "512"], 512),
+    (["--config", "2x2", "--bus-width", "256"], 256)])
+def test_plan_bus_width(capsys, config_arguments, bus_width):
+    """The bus carries an activation row a beat unless --bus-width says otherwise, and the
+    cycles are the model's for that bus."""
+    status, out, err = run_cli(capsys, "plan", "--m", "20", "--k", "30", "--n", "10",
+                               *config_arguments, "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["bus_width"] == bus_width
+    config = NPUConfig(rows=report["rows"], cols=report["cols"], bus_width=bus_width)
+    assert report["predicted_cycles"] == predict_gemm(config, 20, 30, 10).cycles
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -11,12 +11,15 @@ from amaranth.hdl import Module, Signal
 from amaranth.sim import Simulator
 
 from hw.axi import Resp
-from hw.dma import DMA
+from hw.config import BUS_WIDTHS
+from hw.dma import DMA, MAX_READS_OUTSTANDING
 from sim.amaranth_sim import AXI4MemoryModel, run_simulation
 
 
-ROW_BYTES = 20           # a 3x5 array's accumulator row: not a power of two
-WIDTHS = (32, 64, 128)
+WIDTHS = BUS_WIDTHS
+#: The DMA's row width by bus width: a 3x5 array's accumulator row up to 128 bits, two and a
+#: half beats or more on the wider buses; never a power of two.
+ROW_BYTES = {32: 20, 64: 20, 128: 20, 256: 85, 512: 165}
 TIMEOUT = 2000           # cycles any one block may take
 MODEL_TIMING = {
     "stalls": dict(ready_probability=0.6, max_latency=5),
@@ -61,11 +64,15 @@ async def read_block(ctx, dut, addr, rows, row_bytes, stride):
     raise AssertionError(f"read of {rows} rows at {addr:#x} did not finish")
 
 
-async def write_block(ctx, dut, rng, addr, rows, row_bytes, stride, payloads):
+async def write_block(ctx, dut, rng, addr, rows, row_bytes, stride, payloads, *,
+                      after_command=None):
     """Run one write command, offering each row after a random delay; returns
-    ``write_error`` at ``write_done``."""
+    ``write_error`` at ``write_done``. ``after_command`` (an async function of ``ctx``) runs
+    once the command is taken, before the first row is offered."""
     _set_command(ctx, dut.write_cmd, addr, rows, row_bytes, stride)
     await _handshake(ctx, dut.write_cmd)
+    if after_command is not None:
+        await after_command(ctx)
     for payload in payloads:
         for _ in range(int(rng.integers(0, 3))):
             await ctx.tick()
@@ -92,25 +99,26 @@ def _expected_writes(addr, row_bytes, stride, payloads):
 
 def _blocks(rng, bus_bytes):
     """Edge-case blocks, then random ones: ``(addr, rows, row_bytes, stride)``."""
+    row_width = ROW_BYTES[8 * bus_bytes]
     blocks = [
-        (0x0FF9, 3, ROW_BYTES, 0x1001),        # every row crosses a 4 KiB boundary
+        (0x0FF9, 3, row_width, 0x1001),        # every row crosses a 4 KiB boundary
         (0x1FFF, 2, 1, 3),                     # single bytes, the first just below 4 KiB
-        (0x2003, 3, ROW_BYTES, 0),             # the same row three times
+        (0x2003, 3, row_width, 0),             # the same row three times
         (0x3001, 4, 9, 7),                     # overlapping rows, odd stride
-        (0x4000, 2, ROW_BYTES, bus_bytes),     # aligned start
+        (0x4000, 2, row_width, bus_bytes),     # aligned start
         (0x5000 - bus_bytes, 1, bus_bytes, 0), # exactly one beat, ending at 4 KiB
         (0x5FFF, 1, 2, 0),                     # two bytes, one each side of 4 KiB
-        (0xFFFF_FFEC, 1, ROW_BYTES, 0),        # ends at the top of the address space
+        (2**32 - row_width, 1, row_width, 0),  # ends at the top of the address space
     ]
     for _ in range(10):
         page = int(rng.integers(0, 0x100)) << 12
         if rng.random() < 0.4:
-            offset = 4096 - int(rng.integers(1, 2 * ROW_BYTES))
+            offset = 4096 - int(rng.integers(1, 2 * row_width))
         else:
             offset = int(rng.integers(0, 4096))
         stride = int(rng.choice([0, 1, 3, 13, 64, 4095, 4097, int(rng.integers(0, 9000))]))
         blocks.append((page + offset, int(rng.integers(1, 5)),
-                       int(rng.integers(1, ROW_BYTES + 1)), stride))
+                       int(rng.integers(1, row_width + 1)), stride))
     return blocks
 
 
@@ -118,9 +126,10 @@ def _blocks(rng, bus_bytes):
 @pytest.mark.parametrize("stalls", ["stalls", "full_rate"])
 def test_read_blocks(width, stalls):
     """Each row of a 2-D strided block comes back exactly, bytes past row_bytes zero."""
+    row_width = ROW_BYTES[width]
     seed = 0xD0A0 + width + (stalls == "full_rate")
     rng = np.random.default_rng(seed)
-    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
     model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, **MODEL_TIMING[stalls])
     blocks = _blocks(rng, width // 8)
     for addr, rows, row_bytes, stride in blocks:
@@ -133,7 +142,7 @@ def test_read_blocks(width, stalls):
             delivered, error = await read_block(ctx, dut, addr, rows, row_bytes, stride)
             assert error == 0, where
             assert delivered == [
-                _expected_row(model, addr + row * stride, row_bytes, ROW_BYTES)
+                _expected_row(model, addr + row * stride, row_bytes, row_width)
                 for row in range(rows)
             ], where
             await ctx.tick()
@@ -149,9 +158,10 @@ def test_read_blocks(width, stalls):
 def test_write_blocks(width, stalls):
     """Exactly the bytes of each row's first row_bytes are written (wstrb), nothing else,
     although the rows offered carry non-zero bytes past row_bytes."""
+    row_width = ROW_BYTES[width]
     seed = 0xD0B0 + width + (stalls == "full_rate")
     rng = np.random.default_rng(seed)
-    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
     model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, **MODEL_TIMING[stalls])
     blocks = _blocks(rng, width // 8)
 
@@ -159,7 +169,7 @@ def test_write_blocks(width, stalls):
         for addr, rows, row_bytes, stride in blocks:
             where = (f"seed {seed}: block at {addr:#x}, {rows} rows of {row_bytes} bytes, "
                      f"stride {stride}")
-            payloads = [rng.bytes(ROW_BYTES) for _ in range(rows)]
+            payloads = [rng.bytes(row_width) for _ in range(rows)]
             model.written = {}
             error = await write_block(ctx, dut, rng, addr, rows, row_bytes, stride, payloads)
             assert error == 0, where
@@ -174,27 +184,28 @@ def test_write_blocks(width, stalls):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_read_and_write_at_once(width):
     """The reader and the writer run at the same time on their own channels."""
+    row_width = ROW_BYTES[width]
     seed = 0xD0C0 + width
     rng = np.random.default_rng(seed)
-    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
     model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
     read_addr, write_addr, rows, stride = 0x1FF3, 0x8FF5, 5, 23
     _fill(model, rng, read_addr, rows * stride)
-    payloads = [rng.bytes(ROW_BYTES) for _ in range(rows)]
+    payloads = [rng.bytes(row_width) for _ in range(rows)]
     outcome = {}
 
     async def reader(ctx):
-        outcome["read"] = await read_block(ctx, dut, read_addr, rows, ROW_BYTES, stride)
+        outcome["read"] = await read_block(ctx, dut, read_addr, rows, row_width, stride)
 
     async def writer(ctx):
-        outcome["write"] = await write_block(ctx, dut, rng, write_addr, rows, ROW_BYTES - 3,
+        outcome["write"] = await write_block(ctx, dut, rng, write_addr, rows, row_width - 3,
                                              stride, payloads)
 
     run_simulation(dut, reader, writer, processes=[model.process])
-    assert outcome["read"] == ([_expected_row(model, read_addr + row * stride, ROW_BYTES,
-                                              ROW_BYTES) for row in range(rows)], 0)
+    assert outcome["read"] == ([_expected_row(model, read_addr + row * stride, row_width,
+                                              row_width) for row in range(rows)], 0)
     assert outcome["write"] == 0
-    assert model.written == _expected_writes(write_addr, ROW_BYTES - 3, stride, payloads)
+    assert model.written == _expected_writes(write_addr, row_width - 3, stride, payloads)
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -202,33 +213,34 @@ def test_read_and_write_at_once(width):
 def test_bus_errors(width, resp):
     """A beat answered SLVERR or DECERR gives read_error / write_error at done: rows before
     the bad one are delivered, none after it; the next command starts clean."""
+    row_width = ROW_BYTES[width]
     seed = 0xD0E0 + width + resp.value
     rng = np.random.default_rng(seed)
     base = 0x3000
     bad = (base + 256, base + 512, resp)
-    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
     model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed,
                             read_errors=[bad], write_errors=[bad])
     _fill(model, rng, base, 0x1000)
 
     async def testbench(ctx):
         addr, rows, stride = base + 3, 4, 256   # row 1 lies in the bad range
-        delivered, error = await read_block(ctx, dut, addr, rows, ROW_BYTES, stride)
+        delivered, error = await read_block(ctx, dut, addr, rows, row_width, stride)
         assert error == 1, f"seed {seed}: no read_error"
-        assert delivered == [_expected_row(model, addr, ROW_BYTES, ROW_BYTES)], \
+        assert delivered == [_expected_row(model, addr, row_width, row_width)], \
             f"seed {seed}: rows after the bad beat were delivered"
         delivered, error = await read_block(ctx, dut, base + 0x801, 2, 5, 9)
         assert error == 0, f"seed {seed}: read_error stuck"
-        assert delivered == [_expected_row(model, base + 0x801 + row * 9, 5, ROW_BYTES)
+        assert delivered == [_expected_row(model, base + 0x801 + row * 9, 5, row_width)
                              for row in range(2)]
 
-        payloads = [rng.bytes(ROW_BYTES) for _ in range(3)]
-        error = await write_block(ctx, dut, rng, addr, 3, ROW_BYTES, stride, payloads)
+        payloads = [rng.bytes(row_width) for _ in range(3)]
+        error = await write_block(ctx, dut, rng, addr, 3, row_width, stride, payloads)
         assert error == 1, f"seed {seed}: no write_error"
-        good = _expected_writes(addr, ROW_BYTES, stride, payloads)
+        good = _expected_writes(addr, row_width, stride, payloads)
         assert model.written == {a: v for a, v in good.items() if not bad[0] <= a < bad[1]}
         model.written = {}
-        payloads = [rng.bytes(ROW_BYTES) for _ in range(2)]
+        payloads = [rng.bytes(row_width) for _ in range(2)]
         error = await write_block(ctx, dut, rng, base + 0x901, 2, 4, 4, payloads)
         assert error == 0, f"seed {seed}: write_error stuck"
         assert model.written == _expected_writes(base + 0x901, 4, 4, payloads)
@@ -278,8 +290,9 @@ def _burst_rule(bus_bytes, beat_addr, beats_left):
 def test_burst_split(data_width):
     """The burst arithmetic (its three ends formed side by side) against the rule, on rows
     near 4 KiB boundaries and the 256-beat cap and on random ones."""
+    row_width = ROW_BYTES[data_width]
     bus_bytes = data_width // 8
-    dma = DMA(data_width=data_width, read_row_bytes=ROW_BYTES, write_row_bytes=ROW_BYTES)
+    dma = DMA(data_width=data_width, read_row_bytes=row_width, write_row_bytes=row_width)
     dma._MustUse__silence = True
     m = Module()
     beat_addr, beats_left = Signal(32), Signal(17)
@@ -305,3 +318,126 @@ def test_burst_split(data_width):
     sim = Simulator(m)
     sim.add_testbench(testbench)
     sim.run()
+
+
+async def _wait_idle(ctx, dut, model, where, timeout=50):
+    """Wait until both the DMA and the slave have nothing outstanding (a broken slave's
+    extra beats may still be on the bus when the DMA is done)."""
+    for _ in range(timeout):
+        if model.idle and ctx.get(dut.idle):
+            return
+        await ctx.tick()
+    raise AssertionError(f"{where}: DMA idle {ctx.get(dut.idle)}, slave idle {model.idle} "
+                         f"after {timeout} cycles")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("misframing", AXI4MemoryModel.MISFRAMINGS)
+@pytest.mark.parametrize("stalls", ["stalls", "full_rate"])
+def test_read_rlast_checked(width, misframing, stalls):
+    """A slave that ends a read burst a beat early (``short``), a beat late (``long``) or
+    never raises ``rlast`` (``no_rlast``): the command ends in read_done with read_error,
+    the rows before the bad burst are delivered and none from it on; every beat the slave
+    sends is taken, so both sides end idle; the next command is exact and error-free."""
+    row_width = ROW_BYTES[width]
+    seed = 0xD110 + width + 7 * AXI4MemoryModel.MISFRAMINGS.index(misframing) + (
+        stalls == "full_rate")
+    rng = np.random.default_rng(seed)
+    bus_bytes = width // 8
+    base, stride, rows = 0x6000, 0x100, 6
+    addr = base + (bus_bytes - 7) % bus_bytes    # two beats or more a row, one burst
+    bad_row = 2
+    bad = (base + bad_row * stride, base + (bad_row + 1) * stride, misframing)
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, misframed_reads=[bad],
+                            **MODEL_TIMING[stalls])
+    _fill(model, rng, base, 0x1000)
+
+    async def testbench(ctx):
+        where = f"seed {seed}, {misframing} burst at {bad[0]:#x}"
+        delivered, error = await read_block(ctx, dut, addr, rows, row_width, stride)
+        assert error == 1, f"{where}: no read_error"
+        assert delivered == [_expected_row(model, addr + row * stride, row_width, row_width)
+                             for row in range(bad_row)], f"{where}: rows delivered"
+        await _wait_idle(ctx, dut, model, where)
+        clean = base + 0x800 + 5
+        delivered, error = await read_block(ctx, dut, clean, 3, row_width, stride)
+        assert error == 0, f"{where}: read_error stuck"
+        assert delivered == [_expected_row(model, clean + row * stride, row_width, row_width)
+                             for row in range(3)], f"{where}: the next command"
+        await _wait_idle(ctx, dut, model, where)
+
+    run_simulation(dut, testbench, processes=[model.process])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_reads_outstanding_are_bounded(width):
+    """A slave that holds back every R beat sees exactly MAX_READS_OUTSTANDING read
+    addresses (one-beat bursts, every address accepted at once); once it answers, every row
+    arrives exactly."""
+    row_width = ROW_BYTES[width]
+    seed = 0xD120 + width
+    rng = np.random.default_rng(seed)
+    bus_bytes = width // 8
+    rows, stride = 3 * MAX_READS_OUTSTANDING, 2 * bus_bytes
+    addr = 0x7000
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, **MODEL_TIMING["full_rate"])
+    _fill(model, rng, addr, rows * stride)
+    row_bytes = min(row_width, bus_bytes)   # a row is one beat: a burst per row
+    outcome = {}
+
+    async def reader(ctx):
+        outcome["read"] = await read_block(ctx, dut, addr, rows, row_bytes, stride)
+
+    async def slave(ctx):
+        model.hold_reads = True
+        for _ in range(4 * rows):
+            await ctx.tick()
+        outcome["held"] = len(model.read_bursts)
+        model.hold_reads = False
+
+    run_simulation(dut, reader, slave, processes=[model.process])
+    assert outcome["held"] == MAX_READS_OUTSTANDING, f"seed {seed}"
+    assert len(model.read_bursts) == rows
+    assert outcome["read"] == ([_expected_row(model, addr + row * stride, row_bytes, row_width)
+                                for row in range(rows)], 0)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_spurious_write_response(width):
+    """A write response that no write burst asked for: with the writer idle it is ignored
+    (the DMA stays idle, the next write is exact and error-free); during a write command,
+    before any burst of it is answered, the command ends in write_done with write_error and
+    all its data written; the DMA is idle after either."""
+    row_width = ROW_BYTES[width]
+    seed = 0xD130 + width
+    rng = np.random.default_rng(seed)
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed)
+    addr, rows, stride = 0x9003, 3, 37
+
+    async def spurious(ctx):
+        model.send_spurious_write_response()
+        for _ in range(3):
+            await ctx.tick()
+
+    async def testbench(ctx):
+        await spurious(ctx)
+        await _wait_idle(ctx, dut, model, f"seed {seed}: spurious B while idle")
+        for during, expected_error in ((False, 0), (True, 1)):
+            where = f"seed {seed}, spurious B {'during' if during else 'before'} the command"
+            payloads = [rng.bytes(row_width) for _ in range(rows)]
+            model.written = {}
+            error = await write_block(ctx, dut, rng, addr, rows, row_width, stride, payloads,
+                                      after_command=spurious if during else None)
+            assert error == expected_error, where
+            assert model.written == _expected_writes(addr, row_width, stride, payloads), where
+            await _wait_idle(ctx, dut, model, where)
+        payloads = [rng.bytes(row_width) for _ in range(rows)]
+        model.written = {}
+        error = await write_block(ctx, dut, rng, addr, rows, row_width, stride, payloads)
+        assert error == 0, f"seed {seed}: write_error stuck"
+        assert model.written == _expected_writes(addr, row_width, stride, payloads)
+
+    run_simulation(dut, testbench, processes=[model.process])

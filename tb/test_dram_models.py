@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hw.config import NPUConfig
+from sim.bench import _read_written
 from sim.runner import run_cocotb
 from sw.driver import gemm_batch, qgemm_batch, reference_gemm, reference_qgemm
 from sw.timing import predict_gemm
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.rtl
 MODELS = ("hdl", "cocotbext")
 SEED = int(os.environ.get("NPU_SEED", "20261203"))
 CONFIGS = [NPUConfig.from_name("4x4", bus_width=64), NPUConfig.from_name("3x5", bus_width=32),
-           NPUConfig.from_name("8x8", bus_width=128)]
+           NPUConfig.from_name("8x8", bus_width=128), NPUConfig.from_name("4x4", bus_width=256),
+           NPUConfig.from_name("8x4", bus_width=512)]
 
 
 def _on(model, monkeypatch, run):
@@ -91,3 +93,18 @@ def test_errors_and_checker_verdicts_agree(model):
     run_cocotb(CONFIG, "verilator", "tb.cocotb_faults",
                testcase=["error_table", "protocol_violation_is_reported"], dram=model,
                extra_env={"NPU_BACKPRESSURE": ""})
+
+
+@pytest.mark.parametrize("bus_bytes, lines, written", [
+    (4, ["5", "0"], [0, 2]),                                   # 32 bits: a digit a word
+    (8, ["81", "// 0x00000001", "ff"], [0, 7, *range(8, 16)]),  # Icarus's address comments
+    (64, ["8000000000000001", "1", "4000000000000000"], [0, 63, 64, 190]),
+])
+def test_write_log_of_the_hdl_dram(tmp_path, bus_bytes, lines, written):
+    """The HDL DRAM's write log, one mask of bus_bytes bits a word, read back byte by byte,
+    up to a 512-bit bus (masks of 64 bits)."""
+    path = tmp_path / "dram_written.hex"
+    path.write_text("\n".join(lines) + "\n")
+    log = _read_written(path, bus_bytes)
+    assert log.shape == (bus_bytes * (len(lines) - sum(line.startswith("//") for line in lines)),)
+    assert np.flatnonzero(log).tolist() == written

@@ -1,6 +1,6 @@
 """The cycle model (:mod:`sw.timing`) against the RTL: every counter equal, cycle for cycle.
 
-For each of three configurations (three array sizes, the three AXI widths) 30 GEMMs run
+For each of five configurations (four array sizes, the five AXI widths) 30 GEMMs run
 under Verilator in one simulation: shapes with 1s, exact tiles, ragged tiles, several
 accumulator halves and blocks of A, the three GEMM schedules, and random shapes drawn from
 ``NPU_SEED``. The model predicts each program's cycles and all performance counters
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hw.config import NPUConfig
+from hw.dma import MAX_READS_OUTSTANDING
 from hw.isa import PERF_COUNTERS, Opcode
 from sim import amaranth_sim
 from sw import codec
@@ -28,7 +29,7 @@ BASE_SEED = int(os.environ.get("NPU_SEED", "20261202"))
 SHAPES_PER_CONFIG = 30
 #: Random shapes are drawn again while the model predicts more cycles than this.
 CYCLE_BUDGET = 30_000
-CONFIGS = [("5x3", 32), ("8x8", 64), ("16x16", 128)]
+CONFIGS = [("5x3", 32), ("8x8", 64), ("16x16", 128), ("4x4", 256), ("8x4", 512)]
 
 
 def _shapes(config, rng):
@@ -152,6 +153,23 @@ def test_model_equals_the_amaranth_npu_with_an_instant_dram(name, bus_width, sha
         timeout_cycles=10_000, ready_probability=1.0, max_latency=0)
     assert outcome.cycles == predict(config, program.words, 0x1000, read_latency=2,
                                      write_response_latency=1).cycles
+
+
+@pytest.mark.parametrize("name, bus_width, shape", [
+    ("4x4", 128, (9, 11, 6)), ("2x3", 32, (5, 7, 4))])
+def test_model_equals_the_amaranth_npu_with_a_slow_dram(name, bus_width, shape):
+    """A DRAM whose round trip is longer than the reads the DMA keeps outstanding
+    (MAX_READS_OUTSTANDING): one-beat bursts (4x4 on 128 bits: every row and instruction) wait
+    for a free slot, and the model counts those cycles too."""
+    config = NPUConfig.from_name(name, bus_width=bus_width)
+    program = compile_gemm(config, *shape, a_addr=0x10000, b_addr=0x20000, c_addr=0x30000)
+    extra = MAX_READS_OUTSTANDING + 3
+    (outcome,), _ = amaranth_sim.run_jobs(
+        [amaranth_sim.Job(program.words, prog_addr=0x1000)], config=config, seed=2,
+        timeout_cycles=20_000, ready_probability=1.0, max_latency=0, read_latency=extra)
+    slow = predict(config, program.words, 0x1000, read_latency=2 + extra,
+                   write_response_latency=1)
+    assert outcome.cycles == slow.cycles
 
 
 def test_model_rejects_what_it_does_not_cover():
