@@ -35,7 +35,7 @@ def main(argv=None):
     one.add_argument("--config", type=_config, default=NPUConfig.from_name("8x8"))
     _flow_arguments(one)
     one.add_argument("--top", choices=TOPS, default="npu",
-                     help="npu: the whole NPU (default); array: the systolic array alone")
+                     help="npu: the whole NPU (default); array, controller: that block alone")
     one.add_argument("--synth-only", action="store_true", help="stop after Yosys")
     one.add_argument("--json", action="store_true", help="print report.json")
 

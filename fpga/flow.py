@@ -26,9 +26,10 @@ from amaranth.back import verilog
 from amaranth.vendor import LatticeECP5Platform
 
 from hw.config import NPUConfig
+from hw.controller import Controller
 from hw.pe import ECP5_MAC_PIPELINE
 from hw.systolic import SystolicArray
-from hw.top import NPU, enforce_assertions
+from hw.top import NPU, enforce_assertions, reader_row_bytes
 from .harness import ScanHarness
 
 
@@ -115,9 +116,17 @@ def _run_tool(command, log_path, what):
     return seconds
 
 
-#: What the flow builds: the whole NPU, or only its systolic array (to see what the array
-#: alone reaches, apart from the memories, DMA and controller).
-TOPS = ("npu", "array")
+#: What the flow builds: the whole NPU, or one block of it alone (to see what the block
+#: reaches apart from the others): its systolic array, or its controller.
+TOPS = ("npu", "array", "controller")
+
+
+def _design(config, top):
+    if top == "npu":
+        return NPU(config)
+    if top == "array":
+        return SystolicArray(config.rows, config.cols)
+    return Controller(config, read_row_bytes=reader_row_bytes(config))
 
 
 def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PIPELINE,
@@ -129,7 +138,7 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
         raise ValueError(f"top must be one of {', '.join(TOPS)}, not {top!r}")
     platform = (ECP5Target(device, mac_pipeline=mac_pipeline, dsp_pes=dsp_pes)
                 if mac == "dsp" else None)
-    design = NPU(config) if top == "npu" else SystolicArray(config.rows, config.cols)
+    design = _design(config, top)
     harness = ScanHarness(design)
     text = enforce_assertions(verilog.convert(harness, name="top", platform=platform,
                                               emit_src=False))

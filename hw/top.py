@@ -19,7 +19,12 @@ from .scratchpad import Scratchpad
 from .systolic import SystolicArray
 
 
-__all__ = ["NPU", "enforce_assertions", "generate_verilog", "top_ports"]
+__all__ = ["NPU", "enforce_assertions", "generate_verilog", "reader_row_bytes", "top_ports"]
+
+
+def reader_row_bytes(config):
+    """Width of the DMA reader's rows: the widest row a load moves, or an instruction."""
+    return max(config.dma_row_bytes, INSTR_BYTES)
 
 
 class NPU(wiring.Component):
@@ -54,7 +59,7 @@ class NPU(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         config = self.config
-        read_row_bytes = max(config.dma_row_bytes, INSTR_BYTES)
+        read_row_bytes = reader_row_bytes(config)
 
         m.submodules.host = host = HostInterface(config)
         wiring.connect(m, wiring.flipped(self.s_axil), host.bus)

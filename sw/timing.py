@@ -161,9 +161,10 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
     bus = config.bus_bytes
     latency = rows + cols - 1                # the array: activation row in -> result out
 
-    # Fetcher, instruction queue, decode stage.
-    fetch_pc = 0                             # instructions delivered into the queue
+    # Fetcher, decoder (its two stages, instruction queue and output register).
+    fetch_pc = 0                             # instructions the fetcher delivered
     level = 0                                # the queue's level
+    decoding = deque()                       # cycles in which delivered words enter the queue
     dec_valid = False
     pc = 0                                   # the instruction at the issue stage
     # DMA reader: the command it runs, as the cycles in which its rows arrive.
@@ -264,9 +265,10 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
         # The DMA reader: the fetcher goes first while the queue runs low.
         grant = None
         if not reader_busy:
-            fetch_want = fetch_pc != prog_len and level <= FETCH_HIGH_WATER
+            held = level + len(decoding)      # the fetcher's count of its words
+            fetch_want = fetch_pc != prog_len and held <= FETCH_HIGH_WATER
             load_want = ld_busy and not ld_sent
-            if fetch_want and (not load_want or level < FETCH_LOW_WATER):
+            if fetch_want and (not load_want or held < FETCH_LOW_WATER):
                 grant = (prog_addr + fetch_pc * INSTR_BYTES,
                          min(FETCH_BURST, prog_len - fetch_pc), INSTR_BYTES, INSTR_BYTES)
                 grant_load = False
@@ -277,12 +279,16 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
         b_fire = bool(responses) and responses[0] == t
 
         # ------------------------------------------------------------ next cycle
-        # Instruction queue and decode stage.
+        # Decoder: a word the DMA delivers in cycle t is in the fetcher's register in t + 1,
+        # in the decoder's stage register in t + 2, and in the queue from t + 3.
         next_level = level
+        if decoding and decoding[0] == t:
+            decoding.popleft()
+            next_level += 1
         if read_row:
             row_times.popleft()
             if not reader_is_load:
-                next_level += 1
+                decoding.append(t + 2)
                 fetch_pc += 1
         if level > 0 and (not dec_valid or issue):
             next_level -= 1

@@ -89,8 +89,7 @@ class Controller(wiring.Component):
 
         wiring.connect(m, issue.fetch, fetcher.control)
         wiring.connect(m, wiring.flipped(self.reader), fetcher.reader)
-        wiring.connect(m, fetcher.fetched, decoder.fetched)
-        m.d.comb += decoder.flush.eq(fetcher.flush)
+        wiring.connect(m, fetcher.words, decoder.words)
         wiring.connect(m, decoder.decoded, issue.decoded)
 
         wiring.connect(m, issue.load, load_unit.issue)

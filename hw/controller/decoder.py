@@ -1,12 +1,15 @@
-"""The decode stage: the operand checks and DRAM bounds of the instruction at the queue's
-head, in registers a cycle before the issue stage looks at it."""
+"""The decoder: operand checks and DRAM bounds of each fetched instruction, in two pipeline
+stages before the instruction queue; the queue's head waits in a register for the issue
+stage."""
 
-from amaranth.hdl import Module, Signal, signed
-from amaranth.lib import data, stream, wiring
+from amaranth.hdl import Cat, Module, ResetInserter, Signal, signed
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..config import FETCH_DEPTH
 from ..isa import ErrorCode, Instruction, Opcode
-from .fetcher import FetchedWord
+from .fetcher import WordsSignature
+from .signatures import RowRange
 
 
 __all__ = ["Decoder", "Decoded"]
@@ -19,29 +22,33 @@ class Decoded(data.Struct):
     instr:     Instruction
     lo:        32
     hi:        33
+    spad:      RowRange   #: the scratchpad rows it touches
+    acc:       RowRange   #: the accumulator rows it touches
     check:     8
     bus_error: 1
 
 
 class Decoder(wiring.Component):
-    """Checks operands and bounds the DRAM bytes an instruction touches.
+    """Checks operands and bounds the DRAM bytes an instruction touches, on its way into the
+    instruction queue (:data:`~hw.config.FETCH_DEPTH` entries).
 
-    The bounds' multiply and the checks' carry chains do not share a cycle with the hazard
-    checks and the issue. Operand checks come in the order the ISA documents them: lengths,
-    local range, DRAM range.
+    Operand checks come in the order the ISA documents them: lengths, local range, DRAM
+    range. A fetched word takes two cycles to the queue: the first forms the block's
+    ``rows x stride`` (a multiplier with registered output) beside ``base = addr +
+    row_bytes - stride`` and the other checks; the second sums the DRAM end and checks its
+    range. The queue's head then waits in a register (``decoded``) until the issue stage
+    takes it, so no path from the queue's memory reaches the issue stage's logic.
 
     Attributes
     ----------
-    fetched : In(stream.Signature(FetchedWord))
-    flush : In(1)
-        Drop the decoded instruction (the queue was emptied).
+    words : In(WordsSignature())
+        From the fetcher; ``taken`` when a word leaves the queue.
     decoded : Out(stream.Signature(Decoded))
     """
     def __init__(self, config):
         self.config = config
         super().__init__({
-            "fetched": In(stream.Signature(FetchedWord)),
-            "flush":   In(1),
+            "words":   In(WordsSignature()),
             "decoded": Out(stream.Signature(Decoded)),
         })
 
@@ -49,47 +56,55 @@ class Decoder(wiring.Component):
         m = Module()
         config = self.config
         rows, cols = config.rows, config.cols
-        fetched = self.fetched.payload.instr
+        words, flush = self.words, self.words.flush
+        fetched = words.word.payload.instr
         opcode = fetched.opcode
         load, store, quant = fetched.args.load, fetched.args.store, fetched.args.quant
         preload, matmul = fetched.args.preload, fetched.args.matmul
 
-        # The byte after the last one a 2-D block touches is addr + (rows - 1) * stride +
-        # row_bytes (more than 32 bits: it wraps). It is summed as rows * stride + base, with
-        # base = addr + row_bytes - stride formed beside the multiplier, so that the product
-        # starts right at the queue's output and only one carry chain follows it; the DRAM
-        # range check compares the product with 2**32 - base, beside that last sum (equal to
-        # hi > 2**32 whenever rows > 0; a block of 0 rows stops on BAD_LENGTH first).
+        # Stage 1. The byte after the last one a 2-D block touches is addr + (rows - 1) *
+        # stride + row_bytes (more than 32 bits: it wraps). It is summed as rows * stride +
+        # base in stage 2, with base = addr + row_bytes - stride formed beside the multiplier.
         product = Signal(48)         # rows x stride of a block; 0 for LOAD_QUANT
         base = Signal(signed(35))
         lo = Signal(32)
+        dram = Signal()              # the instruction moves a DRAM block
+        spad = Signal(RowRange)
+        acc = Signal(RowRange)
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD_SPAD, Opcode.LOAD_ACC):
+                local = Signal(RowRange)
+                m.d.comb += local.eq(Cat(load.local_addr, load.local_addr + load.rows))
+                with m.If(opcode == Opcode.LOAD_SPAD):
+                    m.d.comb += spad.eq(local)
+                with m.Else():
+                    m.d.comb += acc.eq(local)
                 m.d.comb += [lo.eq(load.dram_addr),
                              product.eq(load.rows * load.dram_stride),
                              base.eq(load.dram_addr + load.row_bytes - load.dram_stride)]
+            with m.Case(Opcode.PRELOAD):
+                m.d.comb += spad.eq(Cat(preload.spad_addr, preload.spad_addr + rows))
+            with m.Case(Opcode.MATMUL):
+                m.d.comb += [spad.eq(Cat(matmul.spad_addr, matmul.spad_addr + matmul.rows)),
+                             acc.eq(Cat(matmul.acc_addr, matmul.acc_addr + matmul.rows))]
             with m.Case(Opcode.STORE, Opcode.STORE_Q):
+                m.d.comb += acc.eq(Cat(store.acc_addr, store.acc_addr + store.rows))
                 m.d.comb += [lo.eq(store.dram_addr),
                              product.eq(store.rows * store.dram_stride),
                              base.eq(store.dram_addr + store.row_bytes - store.dram_stride)]
             with m.Case(Opcode.LOAD_QUANT):
                 m.d.comb += [lo.eq(quant.dram_addr),
                              base.eq(quant.dram_addr + quant.dram_stride + quant.row_bytes)]
-        dram_limit = Signal(signed(35))
-        m.d.comb += dram_limit.eq((1 << 32) - base)
-        dram_overflow = product > dram_limit      # hi > 2**32
+        check = Signal(8)            # every check but the DRAM range's
 
-        check = Signal(8)
-
-        def checks(bad_length, local_range=None, range_code=None, dram=False):
+        def checks(bad_length, local_range=None, range_code=None, dram_block=False):
             with m.If(bad_length):
                 m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
             if local_range is not None:
                 with m.Elif(local_range):
                     m.d.comb += check.eq(range_code)
-            if dram:
-                with m.Elif(dram_overflow):
-                    m.d.comb += check.eq(ErrorCode.DRAM_RANGE)
+            if dram_block:
+                m.d.comb += dram.eq(1)
 
         def bad_block(args, row_limit):
             return (args.rows == 0) | (args.row_bytes == 0) | (args.row_bytes > row_limit)
@@ -100,11 +115,11 @@ class Decoder(wiring.Component):
             with m.Case(Opcode.LOAD_SPAD):
                 checks(bad_block(load, config.spad_row_bytes),
                        load.local_addr + load.rows > config.spad_depth, ErrorCode.SPAD_RANGE,
-                       dram=True)
+                       dram_block=True)
             with m.Case(Opcode.LOAD_ACC):
                 checks(bad_block(load, config.acc_row_bytes),
                        load.local_addr + load.rows > config.acc_depth, ErrorCode.ACC_RANGE,
-                       dram=True)
+                       dram_block=True)
             with m.Case(Opcode.PRELOAD):
                 checks(0, preload.spad_addr + rows > config.spad_depth, ErrorCode.SPAD_RANGE)
             with m.Case(Opcode.MATMUL):
@@ -118,30 +133,65 @@ class Decoder(wiring.Component):
             with m.Case(Opcode.STORE):
                 checks(bad_block(store, config.acc_row_bytes) | (store.row_bytes[:2] != 0),
                        store.acc_addr + store.rows > config.acc_depth, ErrorCode.ACC_RANGE,
-                       dram=True)
+                       dram_block=True)
             with m.Case(Opcode.STORE_Q):
                 checks(bad_block(store, cols),
                        store.acc_addr + store.rows > config.acc_depth, ErrorCode.ACC_RANGE,
-                       dram=True)
+                       dram_block=True)
             with m.Case(Opcode.LOAD_QUANT):
                 checks((quant.row_bytes == 0) | (quant.row_bytes[:2] != 0) |
-                       (quant.row_bytes > config.acc_row_bytes), dram=True)
+                       (quant.row_bytes > config.acc_row_bytes), dram_block=True)
             with m.Default():
                 m.d.comb += check.eq(ErrorCode.ILLEGAL_OPCODE)
 
-        # The decoded instruction waits in registers until the issue stage takes it.
+        # Stage 1 -> 2: the product and everything beside it, in registers.
+        stage = Signal(data.StructLayout({
+            "valid": 1, "instr": Instruction, "bus_error": 1, "product": 48,
+            "base": signed(35), "lo": 32, "spad": RowRange, "acc": RowRange, "dram": 1,
+            "check": 8}))
+        m.d.sync += [
+            stage.valid.eq(words.word.valid),
+            stage.instr.eq(fetched),
+            stage.bus_error.eq(words.word.payload.bus_error),
+            stage.product.eq(product),
+            stage.base.eq(base),
+            stage.lo.eq(lo),
+            stage.spad.eq(spad),
+            stage.acc.eq(acc),
+            stage.dram.eq(dram),
+            stage.check.eq(check),
+        ]
+        with m.If(flush):
+            m.d.sync += stage.valid.eq(0)
+
+        # Stage 2: the DRAM end and its range, into the queue. The range check compares the
+        # product with 2**32 - base, beside the sum (equal to hi > 2**32 whenever rows > 0;
+        # a block of 0 rows stops on BAD_LENGTH first).
+        queue = fifo.SyncFIFO(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH)
+        m.submodules.queue = ResetInserter(flush)(queue)
+        entry = Signal(Decoded)
+        dram_limit = Signal(signed(35))
+        m.d.comb += [
+            dram_limit.eq((1 << 32) - stage.base),
+            entry.instr.eq(stage.instr),
+            entry.lo.eq(stage.lo),
+            entry.spad.eq(stage.spad),
+            entry.acc.eq(stage.acc),
+            entry.hi.eq(stage.product + stage.base),
+            entry.bus_error.eq(stage.bus_error),
+            entry.check.eq(stage.check),
+            queue.w_data.eq(entry),
+            queue.w_en.eq(stage.valid),
+        ]
+        with m.If((stage.check == 0) & stage.dram & (stage.product > dram_limit)):
+            m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
+
+        # The queue's head waits in a register until the issue stage takes it.
         with m.If(self.decoded.ready):
             m.d.sync += self.decoded.valid.eq(0)
-        with m.If(self.fetched.valid & (~self.decoded.valid | self.decoded.ready)):
-            m.d.comb += self.fetched.ready.eq(1)
-            m.d.sync += [
-                self.decoded.valid.eq(1),
-                self.decoded.payload.instr.eq(fetched),
-                self.decoded.payload.lo.eq(lo),
-                self.decoded.payload.hi.eq(product + base),
-                self.decoded.payload.check.eq(check),
-                self.decoded.payload.bus_error.eq(self.fetched.payload.bus_error),
-            ]
-        with m.If(self.flush):
+        with m.If(queue.r_rdy & (~self.decoded.valid | self.decoded.ready)):
+            m.d.comb += [queue.r_en.eq(1), words.taken.eq(1)]
+            m.d.sync += [self.decoded.valid.eq(1), self.decoded.payload.eq(queue.r_data)]
+        with m.If(flush):
             m.d.sync += self.decoded.valid.eq(0)
         return m

@@ -1,8 +1,8 @@
-"""The fetcher: reads the program ahead into the instruction queue, sharing the DMA reader
-with the load unit."""
+"""The fetcher: reads the program ahead for the decoder and its instruction queue, sharing
+the DMA reader with the load unit."""
 
-from amaranth.hdl import Assert, Module, ResetInserter, Signal
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.hdl import Assert, Module, Signal
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
@@ -10,14 +10,26 @@ from ..isa import INSTR_BYTES, Instruction
 from .signatures import ReaderSignature
 
 
-__all__ = ["Fetcher", "FetchControlSignature", "FetchedWord"]
+__all__ = ["Fetcher", "FetchControlSignature", "FetchedWord", "WordsSignature"]
 
 
 class FetchedWord(data.Struct):
-    """An entry of the instruction queue: an instruction word, or the error entry a failed
-    fetch leaves in its place (``bus_error``)."""
+    """A fetched instruction word, or the error entry a failed fetch leaves in its place
+    (``bus_error``)."""
     instr:     Instruction
     bus_error: 1
+
+
+def WordsSignature():
+    """From the fetcher to the decoder, as the fetcher sees it: the fetched words, one a
+    cycle at most, never stalled (``word``); ``flush``, drop every word not yet issued (a
+    start, or a refetch); ``taken``, a word left the instruction queue for the issue stage.
+    The fetcher counts the words between (at most :data:`~hw.config.FETCH_DEPTH`)."""
+    return wiring.Signature({
+        "word":  Out(stream.Signature(FetchedWord, always_ready=True)),
+        "flush": Out(1),
+        "taken": In(1),
+    })
 
 
 def FetchControlSignature():
@@ -46,13 +58,15 @@ def FetchControlSignature():
 
 
 class Fetcher(wiring.Component):
-    """Reads the program, :data:`~hw.config.FETCH_BURST` instructions per DMA command, into a
-    queue of :data:`~hw.config.FETCH_DEPTH` entries.
+    """Reads the program, :data:`~hw.config.FETCH_BURST` instructions per DMA command, for
+    the decoder and its queue of :data:`~hw.config.FETCH_DEPTH` entries.
 
-    It asks for a batch while the queue has room for all of it (level at most
-    :data:`~hw.config.FETCH_HIGH_WATER`). The DMA reader is shared: the load unit's command
-    goes first unless the queue runs low (below :data:`~hw.config.FETCH_LOW_WATER`), and
-    the rows of the load unit's commands go to it (``load``).
+    Each fetched word goes out from a register, the cycle after the DMA delivered it. The
+    fetcher counts the words it delivered that have not left the queue (``held``: the
+    decoder's pipeline and queue) and asks for a batch while all of it fits (``held`` at
+    most :data:`~hw.config.FETCH_HIGH_WATER`). The DMA reader is shared: the load unit's
+    command goes first unless few words are held (below :data:`~hw.config.FETCH_LOW_WATER`),
+    and the rows of the load unit's commands go to it (``load``).
 
     Attributes
     ----------
@@ -61,11 +75,8 @@ class Fetcher(wiring.Component):
         To the DMA reader.
     load : In(ReaderSignature)
         The load unit's share of the reader.
-    fetched : Out(stream.Signature(FetchedWord))
-        The queue's head.
-    flush : Out(1)
-        The queue is emptied in this cycle (``begin``, or a refetch): what was taken from it
-        is stale too.
+    words : Out(WordsSignature())
+        To the decoder.
     """
     def __init__(self, *, read_row_bytes):
         self.read_row_bytes = read_row_bytes
@@ -73,23 +84,20 @@ class Fetcher(wiring.Component):
             "control": In(FetchControlSignature()),
             "reader":  Out(ReaderSignature(8 * read_row_bytes)),
             "load":    In(ReaderSignature(8 * read_row_bytes)),
-            "fetched": Out(stream.Signature(FetchedWord)),
-            "flush":   Out(1),
+            "words":   Out(WordsSignature()),
         })
 
     def elaborate(self, platform):
         m = Module()
         control, reader, load = self.control, self.reader, self.load
 
-        queue = fifo.SyncFIFO(width=data.Layout.cast(FetchedWord).size, depth=FETCH_DEPTH)
-        m.submodules.queue = ResetInserter(self.flush)(queue)
-        m.d.comb += [
-            self.fetched.valid.eq(queue.r_rdy),
-            self.fetched.payload.eq(queue.r_data),
-            queue.r_en.eq(self.fetched.ready),
-        ]
-        # The issue stage never lets the queue overflow: a batch is asked for only while it fits.
-        m.d.sync += Assert(~queue.w_en | queue.w_rdy, "instruction queue overflow")
+        words = self.words
+        held = Signal(range(FETCH_DEPTH + 1))   # words delivered, not yet out of the queue
+        word_in = Signal()
+        # The issue stage asks for a batch only while it fits: the queue cannot overflow.
+        m.d.sync += Assert(held + word_in - words.taken <= FETCH_DEPTH,
+                           "instruction queue overflow")
+        m.d.sync += held.eq(held + word_in - words.taken)
 
         fetch_pc = Signal(32)        # index of the next instruction the fetcher delivers
         fetch_stop = Signal()        # a fetch failed: the queue ends in its error entry
@@ -111,11 +119,11 @@ class Fetcher(wiring.Component):
         with m.Else():
             m.d.comb += fetch_rows.eq(control.prog_len - fetch_pc)
         fetch_want = (control.enable & ~refetch & ~fetch_stop &
-                      (fetch_pc != control.prog_len) & (queue.level <= FETCH_HIGH_WATER))
+                      (fetch_pc != control.prog_len) & (held <= FETCH_HIGH_WATER))
         grant_fetch = Signal()
         grant_load = Signal()
         with m.If(~reader_busy & ~control.halt):
-            with m.If(fetch_want & (~load.cmd.valid | (queue.level < FETCH_LOW_WATER))):
+            with m.If(fetch_want & (~load.cmd.valid | (held < FETCH_LOW_WATER))):
                 m.d.comb += grant_fetch.eq(1)
             with m.Elif(load.cmd.valid):
                 m.d.comb += grant_load.eq(1)
@@ -143,23 +151,25 @@ class Fetcher(wiring.Component):
             load.done.eq(loading & reader.done),
             load.error.eq(reader.error),
         ]
-        # Fetched words go to the queue; a failed fetch leaves an error entry in its place.
+        # Fetched words go out from a register; a failed fetch leaves an error entry.
         fetching = reader_busy & ~reader_is_load
-        entry = Signal(FetchedWord)
+        m.d.sync += [words.word.valid.eq(word_in), words.word.payload.bus_error.eq(0)]
         with m.If(fetching & reader.row.valid):
-            m.d.comb += [queue.w_en.eq(1), entry.instr.eq(reader.row.payload)]
-            m.d.sync += fetch_pc.eq(fetch_pc + 1)
+            m.d.comb += word_in.eq(1)
+            m.d.sync += [fetch_pc.eq(fetch_pc + 1),
+                         words.word.payload.instr.eq(reader.row.payload)]
         with m.If(fetching & reader.done & reader.error):
-            m.d.comb += [queue.w_en.eq(1), entry.bus_error.eq(1)]
-            m.d.sync += fetch_stop.eq(1)
-        m.d.comb += queue.w_data.eq(entry)
+            m.d.comb += word_in.eq(1)
+            m.d.sync += [fetch_stop.eq(1), words.word.payload.bus_error.eq(1)]
 
         # After a store over the program: drop what was fetched, read on from pc.
         with m.If(refetch & ~control.store_busy & ~reader_busy):
-            m.d.comb += self.flush.eq(1)
+            m.d.comb += words.flush.eq(1)
             m.d.sync += [refetch.eq(0), fetch_pc.eq(control.pc), fetch_stop.eq(0)]
 
         with m.If(control.begin):
-            m.d.comb += self.flush.eq(1)
+            m.d.comb += words.flush.eq(1)
             m.d.sync += [fetch_pc.eq(0), fetch_stop.eq(0), refetch.eq(0)]
+        with m.If(words.flush):
+            m.d.sync += [held.eq(0), words.word.valid.eq(0)]
         return m

@@ -18,10 +18,6 @@ from .weight_loader import WeightStatus
 __all__ = ["IssueStage"]
 
 
-def _overlap(a, a_rows, b, b_rows):
-    return (a < b + b_rows) & (b < a + a_rows)
-
-
 class IssueStage(wiring.Component):
     """Starts and ends the program, issues its instructions in order, counts the stalls.
 
@@ -62,7 +58,6 @@ class IssueStage(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        rows = self.config.rows
         host, perf = self.host, self.host.perf
         load, weights, stream_, store = (self.load.status, self.weights.status,
                                          self.stream.status, self.store.status)
@@ -96,15 +91,12 @@ class IssueStage(wiring.Component):
         head = self.decoded.payload
         instr = head.instr
         opcode = instr.opcode
-        args = instr.args
         drained = stream_.drained
         # A store reads accumulator rows: it waits for MATMULs that still write any of them.
         # A write still in the accumulator's second stage lands before the store's first
         # read, two cycles after the issue: the store need not wait for it.
-        store_raw = Cat(*[
-            stream_.writes[i].valid & _overlap(args.store.acc_addr, args.store.rows,
-                                               stream_.writes[i].acc_addr, stream_.writes[i].rows)
-            for i in range(WRITEBACK_SLOTS)]).any()
+        store_raw = Cat(*[stream_.writes[i].valid & head.acc.overlaps(stream_.writes[i].acc)
+                          for i in range(WRITEBACK_SLOTS)]).any()
         store_dram_hazard = store.busy & (head.lo < store.hi) & (store.lo < head.hi)
 
         blocked_load = Signal()      # why the head waits, for the stall counters
@@ -118,14 +110,10 @@ class IssueStage(wiring.Component):
                     blocked_store.eq(store.busy),
                 ]
             with m.Case(Opcode.LOAD_SPAD):
-                local = args.load.local_addr
                 m.d.comb += [
                     blocked_load.eq(load.busy),
-                    blocked_array.eq(
-                        (stream_.busy & _overlap(local, args.load.rows,
-                                                 stream_.spad_addr, stream_.rows)) |
-                        (weights.busy & _overlap(local, args.load.rows,
-                                                 weights.spad_addr, rows))),
+                    blocked_array.eq((stream_.busy & head.spad.overlaps(stream_.spad)) |
+                                     (weights.busy & head.spad.overlaps(weights.spad))),
                     blocked_store.eq(store_dram_hazard),
                 ]
             with m.Case(Opcode.LOAD_ACC):
@@ -141,19 +129,14 @@ class IssueStage(wiring.Component):
                 ]
             with m.Case(Opcode.PRELOAD):
                 m.d.comb += [
-                    blocked_load.eq(load.to_spad & _overlap(args.preload.spad_addr, rows,
-                                                            load.local_addr, load.rows)),
+                    blocked_load.eq(load.to_spad & head.spad.overlaps(load.spad)),
                     blocked_array.eq(weights.busy),
                 ]
             with m.Case(Opcode.MATMUL):
-                matmul = args.matmul
                 m.d.comb += [
-                    blocked_load.eq(load.to_acc |
-                                    (load.to_spad & _overlap(matmul.spad_addr, matmul.rows,
-                                                             load.local_addr, load.rows))),
+                    blocked_load.eq(load.to_acc | (load.to_spad & head.spad.overlaps(load.spad))),
                     blocked_array.eq(~stream_.free | stream_.full | weights.busy),
-                    blocked_store.eq(store.busy & _overlap(matmul.acc_addr, matmul.rows,
-                                                           store.acc_addr, store.rows)),
+                    blocked_store.eq(store.busy & head.acc.overlaps(store.acc)),
                 ]
             with m.Case(Opcode.STORE, Opcode.STORE_Q):
                 m.d.comb += [
@@ -205,6 +188,8 @@ class IssueStage(wiring.Component):
                 unit.cmd.payload.pc.eq(host.pc),
                 unit.cmd.payload.lo.eq(head.lo),
                 unit.cmd.payload.hi.eq(head.hi),
+                unit.cmd.payload.spad.eq(head.spad),
+                unit.cmd.payload.acc.eq(head.acc),
             ]
         with m.If(issue):
             m.d.sync += perf.instructions.eq(perf.instructions + 1)

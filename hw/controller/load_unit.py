@@ -8,7 +8,7 @@ from amaranth.utils import ceil_log2
 
 from ..accumulator import AccumulatorWriteSignature
 from ..isa import ErrorCode, Opcode
-from .signatures import QuantState, ReaderSignature, UnitSignature
+from .signatures import QuantState, ReaderSignature, RowRange, UnitSignature
 
 
 __all__ = ["LoadUnit", "LoadStatus"]
@@ -16,11 +16,10 @@ __all__ = ["LoadUnit", "LoadStatus"]
 
 class LoadStatus(data.Struct):
     """What the load unit holds, for the issue stage's hazard checks."""
-    busy:       1
-    to_spad:    1    #: a LOAD_SPAD into rows [local_addr, local_addr + rows)
-    to_acc:     1    #: a LOAD_ACC (it writes through the streamer's share of the port)
-    local_addr: 16
-    rows:       16
+    busy:    1
+    to_spad: 1          #: a LOAD_SPAD into the rows ``spad``
+    to_acc:  1          #: a LOAD_ACC (it writes through the streamer's share of the port)
+    spad:    RowRange
 
 
 class LoadUnit(wiring.Component):
@@ -65,6 +64,7 @@ class LoadUnit(wiring.Component):
         check = Signal()             # LOAD_QUANT: check the staged state in this cycle
         op = Signal(8)
         local = Signal(16)
+        spad = Signal(RowRange)
         rows = Signal(16)
         row_bytes = Signal(16)
         addr = Signal(32)
@@ -82,15 +82,14 @@ class LoadUnit(wiring.Component):
             status.busy.eq(busy),
             status.to_spad.eq(busy & (op == Opcode.LOAD_SPAD)),
             status.to_acc.eq(busy & (op == Opcode.LOAD_ACC)),
-            status.local_addr.eq(local),
-            status.rows.eq(rows),
+            status.spad.eq(spad),
             fault.pc.eq(pc),
         ]
 
         issued = cmd.payload.instr
         with m.If(cmd.valid):
             m.d.sync += [busy.eq(1), sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
-                         count.eq(0)]
+                         count.eq(0), spad.eq(cmd.payload.spad)]
             with m.If(issued.opcode == Opcode.LOAD_QUANT):
                 quant = issued.args.quant
                 m.d.sync += [

@@ -8,7 +8,7 @@ from ..dma import BlockCommand
 from ..isa import Instruction
 
 
-__all__ = ["PerfCounters", "HostLinkSignature", "Fault", "Issued", "UnitSignature",
+__all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
            "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature"]
 
 
@@ -54,13 +54,26 @@ class Fault(data.Struct):
     pc:    32
 
 
+class RowRange(data.Struct):
+    """Local memory rows ``[lo, hi)``: the decoder sums the end once, so that a hazard check
+    is two comparisons."""
+    lo: 16
+    hi: 17
+
+    def overlaps(self, other):
+        return (self.lo < other.hi) & (other.lo < self.hi)
+
+
 class Issued(data.Struct):
-    """An instruction as the issue stage hands it to a unit: the instruction, its index and
-    the DRAM bytes ``[lo, hi)`` it touches (zero for instructions that touch none)."""
+    """An instruction as the issue stage hands it to a unit: the instruction, its index, the
+    DRAM bytes ``[lo, hi)`` it touches (zero for instructions that touch none) and the
+    scratchpad and accumulator rows it touches (empty ranges for none)."""
     instr: Instruction
     pc:    32
     lo:    32
     hi:    33
+    spad:  RowRange
+    acc:   RowRange
 
 
 def UnitSignature(status, *, fault=False, halt=False):

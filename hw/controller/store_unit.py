@@ -9,7 +9,7 @@ from amaranth.utils import ceil_log2
 
 from ..isa import ErrorCode, Opcode
 from ..requant import Requantizer
-from .signatures import QuantState, UnitSignature, WriterSignature
+from .signatures import QuantState, RowRange, UnitSignature, WriterSignature
 
 
 __all__ = ["StoreUnit", "StoreStatus"]
@@ -17,11 +17,10 @@ __all__ = ["StoreUnit", "StoreStatus"]
 
 class StoreStatus(data.Struct):
     """What the store unit holds, for the issue stage's hazard checks."""
-    busy:     1
-    acc_addr: 16    #: it reads accumulator rows [acc_addr, acc_addr + rows)
-    rows:     16
-    lo:       32    #: it writes DRAM bytes [lo, hi)
-    hi:       33
+    busy: 1
+    acc:  RowRange      #: the accumulator rows it reads
+    lo:   32            #: it writes DRAM bytes [lo, hi)
+    hi:   33
 
 
 class StoreUnit(wiring.Component):
@@ -75,7 +74,8 @@ class StoreUnit(wiring.Component):
         ]
 
         op = Signal(8)
-        acc_addr = Signal(16)
+        acc = Signal(RowRange)
+        acc_addr = acc.lo
         rows = Signal(16)
         row_bytes = Signal(16)
         addr = Signal(32)
@@ -87,14 +87,13 @@ class StoreUnit(wiring.Component):
         with m.If(cmd.valid):
             store = cmd.payload.instr.args.store
             m.d.sync += [
-                op.eq(cmd.payload.instr.opcode), acc_addr.eq(store.acc_addr),
+                op.eq(cmd.payload.instr.opcode), acc.eq(cmd.payload.acc),
                 rows.eq(store.rows), row_bytes.eq(store.row_bytes), addr.eq(store.dram_addr),
                 stride.eq(store.dram_stride), pc.eq(cmd.payload.pc), count.eq(0),
                 lo.eq(cmd.payload.lo), hi.eq(cmd.payload.hi),
             ]
         m.d.comb += [
-            status.acc_addr.eq(acc_addr),
-            status.rows.eq(rows),
+            status.acc.eq(acc),
             status.lo.eq(lo),
             status.hi.eq(hi),
             fault.pc.eq(pc),

@@ -9,7 +9,7 @@ from amaranth.utils import ceil_log2
 
 from ..accumulator import AccumulatorWriteSignature
 from ..systolic import ActivationRow
-from .signatures import CommitSignature, UnitSignature
+from .signatures import CommitSignature, RowRange, UnitSignature
 
 
 __all__ = ["Streamer", "StreamStatus", "WRITEBACK_SLOTS"]
@@ -22,7 +22,7 @@ WRITEBACK_SLOTS = 2
 class Writeback(data.Struct):
     """A MATMUL whose results are still to come out of the array."""
     valid:      1
-    acc_addr:   16
+    acc:        RowRange   #: the accumulator rows it writes
     rows:       16
     accumulate: 1
 
@@ -31,8 +31,7 @@ class StreamStatus(data.Struct):
     """What the streamer holds, for the issue stage's hazard checks and counters."""
     busy:      1    #: reading an activation row in this cycle
     free:      1    #: a MATMUL issued now streams right behind (idle, or on its last row)
-    spad_addr: 16   #: it reads scratchpad rows [spad_addr, spad_addr + rows)
-    rows:      16
+    spad:      RowRange   #: the scratchpad rows it reads
     macs:      32   #: useful MACs of each row it reads (k_width x n_width)
     full:      1    #: every writeback slot holds a MATMUL
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
@@ -82,7 +81,8 @@ class Streamer(wiring.Component):
         cmd, status = self.issue.cmd, self.issue.status
 
         busy = Signal()
-        spad_addr = Signal(16)
+        spad = Signal(RowRange)
+        spad_addr = spad.lo
         count = Signal(16)
         stream_rows = Signal(16)
         commit = Signal()
@@ -102,8 +102,7 @@ class Streamer(wiring.Component):
         m.d.comb += [
             status.busy.eq(busy),
             status.free.eq(~busy | (count == stream_rows - 1)),   # reading its last row this cycle
-            status.spad_addr.eq(spad_addr),
-            status.rows.eq(stream_rows),
+            status.spad.eq(spad),
             status.macs.eq(macs),
             status.full.eq(queued == WRITEBACK_SLOTS),
             status.drained.eq(~busy & (queued == 0) & ~self.acc.busy),
@@ -134,11 +133,11 @@ class Streamer(wiring.Component):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
                 with m.If((head ^ (queued == 1)) == i):
-                    m.d.sync += [slots[i].acc_addr.eq(matmul.acc_addr),
+                    m.d.sync += [slots[i].acc.eq(cmd.payload.acc),
                                  slots[i].rows.eq(matmul.rows),
                                  slots[i].accumulate.eq(matmul.accumulate)]
             m.d.sync += [
-                busy.eq(1), spad_addr.eq(matmul.spad_addr), stream_rows.eq(matmul.rows),
+                busy.eq(1), spad.eq(cmd.payload.spad), stream_rows.eq(matmul.rows),
                 count.eq(0), commit.eq(self.commit.pending),
                 macs.eq(Mux(matmul.k_width == 0, rows, matmul.k_width) *
                         Mux(matmul.n_width == 0, cols, matmul.n_width)),
@@ -153,7 +152,7 @@ class Streamer(wiring.Component):
         # write port is the load unit's otherwise.
         with m.If(self.result.valid):
             m.d.comb += [
-                self.acc.addr.eq(oldest.acc_addr + out_count),
+                self.acc.addr.eq(oldest.acc.lo + out_count),
                 self.acc.data.eq(self.result.payload),
                 self.acc.accumulate.eq(oldest.accumulate),
                 self.acc.en.eq(1),

@@ -7,7 +7,7 @@ from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from .signatures import CommitSignature, UnitSignature
+from .signatures import CommitSignature, RowRange, UnitSignature
 
 
 __all__ = ["WeightLoader", "WeightStatus"]
@@ -15,8 +15,8 @@ __all__ = ["WeightLoader", "WeightStatus"]
 
 class WeightStatus(data.Struct):
     """What the weight loader holds, for the issue stage's hazard checks."""
-    busy:      1
-    spad_addr: 16   #: it reads scratchpad rows [spad_addr, spad_addr + R)
+    busy: 1
+    spad: RowRange      #: the scratchpad rows it reads
 
 
 class WeightLoader(wiring.Component):
@@ -53,17 +53,17 @@ class WeightLoader(wiring.Component):
         cmd, status = self.issue.cmd, self.issue.status
 
         busy = Signal()
-        addr = Signal(16)
+        spad = Signal(RowRange)
+        addr = spad.lo
         count = Signal(range(rows + 1))
         pending = Signal()           # shadow weights wait for the next MATMUL
         guard = Signal(range(rows + cols + 1))
         read = Signal()
-        m.d.comb += [status.busy.eq(busy), status.spad_addr.eq(addr),
+        m.d.comb += [status.busy.eq(busy), status.spad.eq(spad),
                      self.commit.pending.eq(pending)]
 
         with m.If(cmd.valid):
-            m.d.sync += [busy.eq(1), addr.eq(cmd.payload.instr.args.preload.spad_addr),
-                         count.eq(0)]
+            m.d.sync += [busy.eq(1), spad.eq(cmd.payload.spad), count.eq(0)]
 
         with m.If(guard != 0):
             m.d.sync += guard.eq(guard - 1)
