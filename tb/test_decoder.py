@@ -8,7 +8,8 @@ from amaranth.hdl import Shape
 
 from controller_blocks import CONFIG
 from error_cases import CONFIG as TABLE_CONFIG
-from error_cases import END, ERROR_PROGRAMS, load_acc, load_quant, load_spad, matmul, store, store_q
+from error_cases import (END, ERROR_PROGRAMS, load_acc, load_quant, load_spad, matmul, store,
+                         store_q)
 from hw.controller.decoder import Decoder
 from hw.isa import ErrorCode, Instruction, Opcode, argument_layout, decode, encode
 from sim.amaranth_sim import run_simulation
@@ -105,10 +106,10 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
     return out
 
 
-def assert_decoded(word, record, context):
+def assert_decoded(word, record, context, bus_error=0):
     code, lo, hi = reference(word)
-    got_word, got_lo, got_hi, got_check, _ = record
-    assert got_word == word, context
+    got_word, got_lo, got_hi, got_check, got_bus_error = record
+    assert (got_word, got_bus_error) == (word, bus_error), context
     assert ErrorCode(got_check) == code, f"{context}: {ErrorCode(got_check).name}, " \
         f"expected {code.name}"
     assert got_lo == lo, f"{context}: lo {got_lo:#x}, expected {lo:#x}"
@@ -286,12 +287,15 @@ def random_word(rng):
 
 @pytest.mark.parametrize("seed", [0xDEC0, 0xDEC1])
 def test_random_against_reference(seed):
-    """Random instructions, random ``valid`` and ``ready``: every word leaves once, in order,
-    with the reference's check and bounds; the handshake holds on every cycle."""
+    """Random instructions (a few with ``bus_error``), random ``valid`` and ``ready``: every
+    word leaves once, in order, with the reference's check and bounds and its ``bus_error``;
+    the handshake holds on every cycle."""
     rng = np.random.default_rng(seed)
     words = [random_word(rng) for _ in range(300)]
-    records = run_decoder(words, seed=seed)
+    bus_errors = [int(rng.random() < 0.05) for _ in words]
+    records = run_decoder(words, bus_errors=bus_errors, seed=seed)
     for index, (word, record) in enumerate(zip(words, records)):
-        assert_decoded(word, record, f"seed {seed} word {index} ({word:#034x})")
+        assert_decoded(word, record, f"seed {seed} word {index} ({word:#034x})",
+                       bus_errors[index])
     codes = {ErrorCode(record[3]) for record in records}
     assert codes == DECODER_CODES | {ErrorCode.NONE}, f"seed {seed}: only {codes}"
