@@ -1,0 +1,81 @@
+"""Helpers shared by the unit tests of the controller's blocks (``tb/test_fetcher.py``,
+``tb/test_decoder.py``, ``tb/test_issue.py``, ``tb/test_load_unit.py``,
+``tb/test_weight_loader.py``, ``tb/test_streamer.py``, ``tb/test_store_unit.py``).
+
+Each test drives one block alone in Amaranth's simulator, from one testbench that sets every
+input of a cycle before it reads the outputs, so that the order of two testbenches never
+matters.
+"""
+
+from amaranth.hdl import Elaboratable, Module
+from amaranth.lib.memory import Memory
+
+from hw.config import NPUConfig
+from hw.isa import INSTR_BYTES, Instruction
+
+
+__all__ = ["CONFIG", "READ_ROW_BYTES", "issued", "offer", "pack", "unpack", "command_of",
+           "WithReadMemory"]
+
+
+#: A small array whose rows and columns differ, so that a swapped R and C shows.
+CONFIG = NPUConfig(rows=2, cols=3, spad_depth=16, acc_depth=8, bus_width=64)
+#: The DMA reader's row width, as :class:`hw.top.NPU` gives it to the controller.
+READ_ROW_BYTES = max(CONFIG.dma_row_bytes, INSTR_BYTES)
+
+
+def issued(word, *, pc=0, lo=0, hi=0):
+    """The :class:`~hw.controller.signatures.Issued` payload of instruction ``word``."""
+    return {"instr": Instruction.from_bits(word), "pc": pc, "lo": lo, "hi": hi}
+
+
+def offer(ctx, cmd, word, **fields):
+    """Put instruction ``word`` on a unit's ``cmd`` stream, valid (for this cycle; the caller
+    clears ``valid`` after the edge)."""
+    ctx.set(cmd.payload, issued(word, **fields))
+    ctx.set(cmd.valid, 1)
+
+
+def pack(values, lane_bytes):
+    """Little-endian lanes of ``lane_bytes`` bytes each (two's complement) as one integer."""
+    word = 0
+    for lane, value in enumerate(values):
+        word |= (int(value) & ((1 << 8 * lane_bytes) - 1)) << (8 * lane_bytes * lane)
+    return word
+
+
+def unpack(word, lanes, lane_bytes):
+    """The signed lanes of :func:`pack`'s integer."""
+    bits = 8 * lane_bytes
+    values = []
+    for lane in range(lanes):
+        value = (word >> (bits * lane)) & ((1 << bits) - 1)
+        values.append(value - (1 << bits) if value >> (bits - 1) else value)
+    return values
+
+
+def command_of(ctx, cmd):
+    """A :class:`~hw.dma.BlockCommand` stream's payload as ``(addr, rows, row_bytes,
+    stride)``."""
+    payload = cmd.payload
+    return (ctx.get(payload.addr), ctx.get(payload.rows), ctx.get(payload.row_bytes),
+            ctx.get(payload.stride))
+
+
+class WithReadMemory(Elaboratable):
+    """``dut`` with an :class:`amaranth.lib.memory.Memory` (``depth`` rows of ``shape``,
+    ``init``) on its read port ``port``: the port's one-cycle latency, and the data held
+    while ``en`` is low, as the real scratchpad and accumulator give them."""
+    def __init__(self, dut, port, *, shape, depth, init):
+        self.dut, self.port = dut, port
+        self.shape, self.depth, self.init = shape, depth, init
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self.dut
+        m.submodules.memory = memory = Memory(shape=self.shape, depth=self.depth,
+                                              init=self.init)
+        read = memory.read_port()
+        m.d.comb += [read.addr.eq(self.port.addr), read.en.eq(self.port.en),
+                     self.port.data.eq(read.data)]
+        return m

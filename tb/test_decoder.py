@@ -1,0 +1,301 @@
+"""Unit tests of :class:`hw.controller.decoder.Decoder`: the operand checks in the ISA's order
+(lengths, local range, DRAM range) against a Python reference written from :mod:`hw.isa`'s
+text, the DRAM bounds ``[lo, hi)``, and the one-cycle register stage."""
+
+import numpy as np
+import pytest
+from amaranth.hdl import Shape
+
+from controller_blocks import CONFIG
+from error_cases import CONFIG as TABLE_CONFIG
+from error_cases import (END, ERROR_PROGRAMS, load_acc, load_quant, load_spad, matmul, store,
+                         store_q)
+from hw.controller.decoder import Decoder
+from hw.isa import ErrorCode, Instruction, Opcode, argument_layout, decode, encode
+from sim.amaranth_sim import run_simulation
+
+
+TOP = 1 << 32
+DECODER_CODES = {ErrorCode.ILLEGAL_OPCODE, ErrorCode.SPAD_RANGE, ErrorCode.ACC_RANGE,
+                 ErrorCode.BAD_LENGTH, ErrorCode.DRAM_RANGE}
+
+
+def reference(word, config=CONFIG):
+    """``(check, lo, hi)`` of ``word`` as :mod:`hw.isa` documents them."""
+    opcode, f = decode(word)
+    rows, cols = config.rows, config.cols
+    if opcode is None:
+        return ErrorCode.ILLEGAL_OPCODE, 0, 0
+    if opcode == Opcode.END:
+        return ErrorCode.NONE, 0, 0
+    if opcode == Opcode.PRELOAD:
+        bad = f["spad_addr"] + rows > config.spad_depth
+        return (ErrorCode.SPAD_RANGE if bad else ErrorCode.NONE), 0, 0
+    if opcode == Opcode.MATMUL:
+        code = ErrorCode.NONE
+        if f["rows"] == 0 or f["k_width"] > rows or f["n_width"] > cols:
+            code = ErrorCode.BAD_LENGTH
+        elif f["spad_addr"] + f["rows"] > config.spad_depth:
+            code = ErrorCode.SPAD_RANGE
+        elif f["acc_addr"] + f["rows"] > config.acc_depth:
+            code = ErrorCode.ACC_RANGE
+        return code, 0, 0
+    lo, row_bytes = f["dram_addr"], f["row_bytes"]
+    if opcode == Opcode.LOAD_QUANT:       # two rows: multipliers, then shifts one stride on
+        hi = lo + f["dram_stride"] + row_bytes
+        bad_length = row_bytes == 0 or row_bytes % 4 != 0 or row_bytes > 4 * cols
+        local_bad, local_code = False, None
+    else:
+        hi = lo + (f["rows"] - 1) * f["dram_stride"] + row_bytes
+        limit, depth, local_code = {
+            Opcode.LOAD_SPAD: (config.spad_row_bytes, config.spad_depth, ErrorCode.SPAD_RANGE),
+            Opcode.LOAD_ACC: (4 * cols, config.acc_depth, ErrorCode.ACC_RANGE),
+            Opcode.STORE: (4 * cols, config.acc_depth, ErrorCode.ACC_RANGE),
+            Opcode.STORE_Q: (cols, config.acc_depth, ErrorCode.ACC_RANGE),
+        }[opcode]
+        local = f["local_addr"] if opcode in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC) \
+            else f["acc_addr"]
+        bad_length = (f["rows"] == 0 or row_bytes == 0 or row_bytes > limit or
+                      (opcode == Opcode.STORE and row_bytes % 4 != 0))
+        local_bad = local + f["rows"] > depth
+    if bad_length:
+        return ErrorCode.BAD_LENGTH, lo, hi
+    if local_bad:
+        return local_code, lo, hi
+    return (ErrorCode.DRAM_RANGE if hi > TOP else ErrorCode.NONE), lo, hi
+
+
+def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
+    """Stream ``words`` through a decoder; with ``seed``, ``valid`` and ``ready`` are random.
+    Returns ``(word, lo, hi, check, bus_error)`` for every word, in the order they left, and
+    checks the handshake on every cycle."""
+    dut = Decoder(config)
+    rng = np.random.default_rng(seed)
+    bus_errors = bus_errors or [0] * len(words)
+    out = []
+
+    async def testbench(ctx):
+        taken, held = 0, None
+        for cycle in range(20 * len(words) + 20):
+            offering = taken < len(words) and (seed is None or rng.random() < 0.7)
+            ctx.set(dut.fetched.valid, offering)
+            if offering:
+                ctx.set(dut.fetched.payload, {"instr": Instruction.from_bits(words[taken]),
+                                              "bus_error": bus_errors[taken]})
+            ready = seed is None or rng.random() < 0.6
+            ctx.set(dut.decoded.ready, ready)
+            valid = ctx.get(dut.decoded.valid)
+            payload = ctx.get(dut.decoded.payload)
+            record = (payload.instr.as_bits(), payload.lo, payload.hi, payload.check,
+                      payload.bus_error)
+            if held is not None:
+                assert valid and record == held, f"seed {seed} cycle {cycle}: not held"
+            # A new word is taken exactly when the register is empty or its word leaves.
+            assert ctx.get(dut.fetched.ready) == (offering and (not valid or ready)), \
+                f"seed {seed} cycle {cycle}"
+            taken += ctx.get(dut.fetched.ready)
+            if valid and ready:
+                out.append(record)
+            held = record if valid and not ready else None
+            if len(out) == len(words):
+                return
+            await ctx.tick()
+        raise AssertionError(f"seed {seed}: {len(out)} of {len(words)} words decoded")
+
+    run_simulation(dut, testbench)
+    return out
+
+
+def assert_decoded(word, record, context, bus_error=0):
+    code, lo, hi = reference(word)
+    got_word, got_lo, got_hi, got_check, got_bus_error = record
+    assert (got_word, got_bus_error) == (word, bus_error), context
+    assert ErrorCode(got_check) == code, f"{context}: {ErrorCode(got_check).name}, " \
+        f"expected {code.name}"
+    assert got_lo == lo, f"{context}: lo {got_lo:#x}, expected {lo:#x}"
+    if code == ErrorCode.NONE:
+        assert got_hi == hi, f"{context}: hi {got_hi:#x}, expected {hi:#x}"
+
+
+def test_register_stage():
+    """A word is in ``decoded`` the cycle after it was taken; the next is taken only in the
+    cycle the held one leaves; ``flush`` drops the held word (and one taken with it);
+    ``bus_error`` passes through."""
+    dut = Decoder(CONFIG)
+    first, second, third = load_spad(0, 1, 1, 0x100, 0), store(0, 1, 4, 0x200, 4), END
+
+    def fetched(ctx, word, bus_error=0):
+        ctx.set(dut.fetched.payload, {"instr": Instruction.from_bits(word),
+                                      "bus_error": bus_error})
+        ctx.set(dut.fetched.valid, 1)
+
+    def held(ctx):
+        return ctx.get(dut.decoded.valid) and ctx.get(dut.decoded.payload.instr).as_bits()
+
+    async def testbench(ctx):
+        fetched(ctx, first)
+        assert (ctx.get(dut.fetched.ready), ctx.get(dut.decoded.valid)) == (1, 0)
+        await ctx.tick()
+        assert held(ctx) == first
+        assert ctx.get(dut.decoded.payload.lo) == 0x100
+        assert ctx.get(dut.decoded.payload.hi) == 0x101
+        fetched(ctx, second)
+        for _ in range(3):            # not ready: the first stays, the second waits
+            assert ctx.get(dut.fetched.ready) == 0
+            await ctx.tick()
+            assert held(ctx) == first
+        ctx.set(dut.decoded.ready, 1)
+        assert ctx.get(dut.fetched.ready) == 1          # taken as the first one leaves
+        await ctx.tick()
+        assert held(ctx) == second
+        ctx.set(dut.fetched.valid, 0)
+        await ctx.tick()
+        assert ctx.get(dut.decoded.valid) == 0
+        ctx.set(dut.decoded.ready, 0)
+        fetched(ctx, third)
+        await ctx.tick()
+        assert held(ctx) == third
+        fetched(ctx, first)
+        ctx.set(dut.flush, 1)
+        assert ctx.get(dut.fetched.ready) == 0
+        await ctx.tick()
+        assert ctx.get(dut.decoded.valid) == 0            # flushed, not issued
+        assert ctx.get(dut.fetched.ready) == 1            # taken in the flush cycle...
+        await ctx.tick()
+        assert ctx.get(dut.decoded.valid) == 0            # ...and dropped too
+        ctx.set(dut.flush, 0)
+        fetched(ctx, 0, bus_error=1)
+        await ctx.tick()
+        assert held(ctx) == 0
+        assert ctx.get(dut.decoded.payload.bus_error) == 1
+        assert ctx.get(dut.decoded.payload.check) == ErrorCode.ILLEGAL_OPCODE.value
+        fetched(ctx, first, bus_error=0)
+        ctx.set(dut.decoded.ready, 1)
+        await ctx.tick()
+        assert held(ctx) == first and ctx.get(dut.decoded.payload.bus_error) == 0
+
+    run_simulation(dut, testbench)
+
+
+BOUNDS = [
+    # LOAD_SPAD, R=2 C=3: row_bytes at most 3. 0xFFFF_FFF0 + 13 + 3 is exactly 2**32.
+    ("load_spad_ends_at_top", load_spad(0, 2, 3, 0xFFFF_FFF0, 13)),
+    ("load_spad_one_past", load_spad(0, 2, 3, 0xFFFF_FFF0, 14)),
+    ("load_spad_stride_0", load_spad(0, 9, 3, 0xFFFF_FFFD, 0)),
+    ("load_spad_huge_product", load_spad(0, 16, 1, 0, 0xFFFF_FFFF)),
+    ("load_spad_wraps_to_low", load_spad(0, 2, 3, 0x10, 0xFFFF_FFF0)),
+    ("load_acc_ends_at_top", load_acc(0, 1, 12, TOP - 12, 0xFFFF_FFFF)),
+    ("load_acc_one_past", load_acc(0, 1, 12, TOP - 11, 0)),
+    ("store_ends_at_top", store(0, 2, 8, 0xFFFF_FFF0, 8)),
+    ("store_one_past", store(0, 2, 8, 0xFFFF_FFF0, 9)),
+    ("store_q_ends_at_top", store_q(0, 8, 3, TOP - 3 - 7 * 100, 100)),
+    ("store_q_one_past", store_q(0, 8, 3, TOP - 2 - 7 * 100, 100)),
+    ("load_quant_ends_at_top", load_quant(8, dram_addr=0xFFFF_FF00, dram_stride=0xF8)),
+    ("load_quant_one_past", load_quant(8, dram_addr=0xFFFF_FF00, dram_stride=0xF9)),
+    ("load_quant_stride_wraps", load_quant(4, dram_addr=0x10, dram_stride=0xFFFF_FFF0)),
+    ("load_quant_low", load_quant(12, dram_addr=0x1234, dram_stride=0x40)),
+    # Check order: lengths before local range before DRAM range.
+    ("length_before_local", load_spad(15, 2, 4, TOP - 1, 9)),
+    ("local_before_dram", load_spad(15, 2, 3, TOP - 1, 9)),
+    ("store_unaligned_bytes", store(9, 1, 6, TOP - 1, 0)),
+    ("store_q_acc_before_dram", store_q(7, 2, 3, TOP - 1, 0)),
+    ("load_quant_length_before_dram", load_quant(6, dram_addr=TOP - 1)),
+    ("matmul_length_before_spad", matmul(15, 7, 0, 0)),
+    ("matmul_spad_before_acc", matmul(15, 7, 2, 1)),
+    ("matmul_k_too_wide", encode(Opcode.MATMUL, spad_addr=0, acc_addr=0, rows=1, accumulate=0,
+                                 k_width=3, n_width=3)),
+    ("matmul_n_too_wide", encode(Opcode.MATMUL, spad_addr=0, acc_addr=0, rows=1, accumulate=0,
+                                 k_width=2, n_width=4)),
+    ("matmul_full_widths", encode(Opcode.MATMUL, spad_addr=14, acc_addr=6, rows=2,
+                                  accumulate=1, k_width=2, n_width=3)),
+    ("preload_last_tile", encode(Opcode.PRELOAD, spad_addr=14)),
+    ("preload_past_end", encode(Opcode.PRELOAD, spad_addr=15)),
+    ("end", encode(Opcode.END)),
+    ("opcode_zero", 0),
+    ("opcode_ff", 0xFF | 0x1234 << 40),
+]
+
+
+def test_bounds_and_check_order():
+    """Each case's check, ``lo`` and (when it passes) ``hi`` are the reference's; the block
+    ending exactly at 2**32 passes with ``hi = 2**32``, one byte more is DRAM_RANGE."""
+    names, words = zip(*BOUNDS)
+    records = run_decoder(list(words))
+    for name, word, record in zip(names, words, records):
+        assert_decoded(word, record, name)
+    by_name = dict(zip(names, records))
+    assert by_name["load_spad_ends_at_top"][2:4] == (TOP, 0)
+    assert by_name["load_acc_ends_at_top"][1:4] == (TOP - 12, TOP, 0)
+    assert by_name["load_quant_ends_at_top"][1:4] == (0xFFFF_FF00, TOP, 0)
+    for name in ("load_spad_one_past", "store_one_past", "load_quant_one_past",
+                 "load_quant_stride_wraps", "load_spad_wraps_to_low"):
+        assert by_name[name][3] == ErrorCode.DRAM_RANGE.value, name
+
+
+@pytest.mark.parametrize("name, words, code, pc",
+                         [case[:2] + case[3:] for case in ERROR_PROGRAMS
+                          if case[3] in DECODER_CODES],
+                         ids=[case[0] for case in ERROR_PROGRAMS if case[3] in DECODER_CODES])
+def test_error_table(name, words, code, pc):
+    """The failing instruction of each decoder error of ``tb/error_cases.py`` (2x2)."""
+    (record,) = run_decoder([words[pc]], config=TABLE_CONFIG)
+    assert ErrorCode(record[3]) == code, name
+
+
+def random_word(rng):
+    """A random instruction, its fields mostly around the limits of :data:`CONFIG` (and its
+    DRAM block's end often within a byte of 2**32), with a random reserved byte; one in ten
+    has an illegal opcode and random operand bits."""
+    if rng.random() < 0.1:
+        illegal = [v for v in range(256) if v not in {op.value for op in Opcode}]
+        return int(rng.choice(illegal)) | int(rng.integers(0, 1 << 62)) << 16
+    opcode = Opcode(int(rng.integers(1, 9)))
+    fields = {}
+    for name, field in argument_layout(opcode) or ():
+        width = field.width
+        if rng.random() < 0.05:
+            value = int(rng.integers(0, 1 << width))       # anything, often far out
+        elif name in ("local_addr", "acc_addr", "spad_addr"):
+            value = int(rng.integers(0, 17))
+        elif name == "rows":
+            value = int(rng.integers(0, 10))
+        elif name == "row_bytes":
+            limit = {Opcode.LOAD_SPAD: CONFIG.spad_row_bytes,
+                     Opcode.STORE_Q: CONFIG.cols}.get(opcode, CONFIG.acc_row_bytes)
+            value = int(rng.integers(0, limit + 2))
+            if opcode in (Opcode.STORE, Opcode.LOAD_QUANT) and rng.random() < 0.7:
+                value -= value % 4
+        elif name in ("k_width", "n_width"):
+            value = int(rng.integers(0, 5))
+        elif name == "dram_stride":
+            value = int(rng.choice([0, int(rng.integers(1, 64)), 0xFFFF_FFFF,
+                                    int(rng.integers(0, 1 << 32))]))
+        else:
+            value = int(rng.integers(0, 1 << width))
+        if Shape.cast(field.shape).signed:
+            value -= (1 << width) if value >> (width - 1) else 0
+        fields[name] = value
+    if "dram_addr" in fields and rng.random() < 0.6:
+        # Place the block's end around 2**32: one byte under, exactly at, one byte over.
+        span = fields["dram_stride"] + fields["row_bytes"] if opcode == Opcode.LOAD_QUANT \
+            else (max(fields["rows"], 1) - 1) * fields["dram_stride"] + fields["row_bytes"]
+        addr = TOP - span + int(rng.integers(-1, 2))
+        if 0 <= addr < TOP:
+            fields["dram_addr"] = addr
+    return encode(opcode, **fields) | int(rng.integers(0, 256)) << 8
+
+
+@pytest.mark.parametrize("seed", [0xDEC0, 0xDEC1])
+def test_random_against_reference(seed):
+    """Random instructions (a few with ``bus_error``), random ``valid`` and ``ready``: every
+    word leaves once, in order, with the reference's check and bounds and its ``bus_error``;
+    the handshake holds on every cycle."""
+    rng = np.random.default_rng(seed)
+    words = [random_word(rng) for _ in range(300)]
+    bus_errors = [int(rng.random() < 0.05) for _ in words]
+    records = run_decoder(words, bus_errors=bus_errors, seed=seed)
+    for index, (word, record) in enumerate(zip(words, records)):
+        assert_decoded(word, record, f"seed {seed} word {index} ({word:#034x})",
+                       bus_errors[index])
+    codes = {ErrorCode(record[3]) for record in records}
+    assert codes == DECODER_CODES | {ErrorCode.NONE}, f"seed {seed}: only {codes}"

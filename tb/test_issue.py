@@ -1,0 +1,334 @@
+"""Unit tests of :class:`hw.controller.issue.IssueStage`, its units' statuses played as plain
+values: start checks, latched program registers, one hazard per row of its table, stall
+attribution, START_BUSY, the error arbiter and the stop, soft reset."""
+
+import pytest
+
+from controller_blocks import CONFIG
+from error_cases import END, load_acc, load_quant, load_spad, matmul, preload, store, store_q
+from hw.controller.issue import IssueStage
+from hw.isa import ErrorCode, Instruction, Opcode, decode
+from sim.amaranth_sim import run_simulation
+
+
+PROG_ADDR, PROG_LEN = 0x100, 1000
+IDLE = {
+    "load": {}, "weights": {}, "store": {},
+    "stream": {"free": 1, "drained": 1},
+}
+UNIT_OF = {Opcode.LOAD_SPAD: "load", Opcode.LOAD_ACC: "load", Opcode.LOAD_QUANT: "load",
+           Opcode.PRELOAD: "weights", Opcode.MATMUL: "stream", Opcode.STORE: "store",
+           Opcode.STORE_Q: "store"}
+COUNTERS = ("stall_fetch", "stall_load", "stall_store", "stall_array", "instructions")
+
+
+def set_status(ctx, dut, **statuses):
+    """Every unit's status idle, but for ``unit={field: value}`` in ``statuses``; a
+    ``fetch`` entry sets ``reader_busy`` and ``refetch``."""
+    fetch = statuses.pop("fetch", {})
+    for unit, idle in IDLE.items():
+        ctx.set(getattr(dut, unit).status, {**idle, **statuses.get(unit, {})})
+    ctx.set(dut.fetch.reader_busy, fetch.get("reader_busy", 0))
+    ctx.set(dut.fetch.refetch, fetch.get("refetch", 0))
+
+
+def set_head(ctx, dut, word, *, check=0, bus_error=0, lo=0, hi=0, valid=1):
+    ctx.set(dut.decoded.payload, {"instr": Instruction.from_bits(word), "lo": lo, "hi": hi,
+                                  "check": check, "bus_error": bus_error})
+    ctx.set(dut.decoded.valid, valid)
+
+
+async def start(ctx, dut, prog_addr=PROG_ADDR, prog_len=PROG_LEN):
+    ctx.set(dut.host.prog_addr, prog_addr)
+    ctx.set(dut.host.prog_len, prog_len)
+    ctx.set(dut.host.start, 1)
+    begin = ctx.get(dut.fetch.begin)
+    await ctx.tick()
+    ctx.set(dut.host.start, 0)
+    return begin
+
+
+async def issue_preloads(ctx, dut, count):
+    """Issue ``count`` instructions that conflict with nothing: ``pc`` moves on by
+    ``count``."""
+    set_head(ctx, dut, preload(0))
+    for _ in range(count):
+        assert ctx.get(dut.decoded.ready)
+        await ctx.tick()
+    ctx.set(dut.decoded.valid, 0)
+
+
+def counters(ctx, dut):
+    return {name: ctx.get(getattr(dut.host.perf, name)) for name in COUNTERS}
+
+
+def simulate(body):
+    dut = IssueStage(CONFIG)
+
+    async def testbench(ctx):
+        set_status(ctx, dut)
+        await body(ctx, dut)
+
+    run_simulation(dut, testbench)
+
+
+@pytest.mark.parametrize("prog_addr, prog_len, runs", [
+    (0x100, 4, True), (0x108, 4, False), (0x100, 0, False), ((1 << 32) - 64, 4, True),
+    ((1 << 32) - 64, 5, False), (0xFFFF_FFF0, 0x1000_0000, False)])
+def test_start_checks(prog_addr, prog_len, runs):
+    """An unaligned address, a length of 0 or a program past 4 GiB end in PROGRAM at once,
+    and the stage does not run."""
+    async def body(ctx, dut):
+        assert ctx.get(dut.host.busy) == 0
+        assert await start(ctx, dut, prog_addr, prog_len) == 1      # fetch.begin
+        for _ in range(2):
+            assert ctx.get(dut.host.busy) == runs
+            assert ctx.get(dut.fetch.enable) == runs
+            assert ctx.get(dut.host.error) == (not runs)
+            assert ctx.get(dut.host.error_code) == (0 if runs else ErrorCode.PROGRAM.value)
+            assert (ctx.get(dut.host.error_pc), ctx.get(dut.host.pc)) == (0, 0)
+            await ctx.tick()
+    simulate(body)
+
+
+def test_program_registers_latched_at_start():
+    async def body(ctx, dut):
+        await start(ctx, dut, 0x200, 7)
+        ctx.set(dut.host.prog_addr, 0x400)
+        ctx.set(dut.host.prog_len, 9)
+        for _ in range(3):
+            assert (ctx.get(dut.fetch.prog_addr), ctx.get(dut.fetch.prog_len)) == (0x200, 7)
+            await ctx.tick()
+        set_head(ctx, dut, END)
+        await ctx.tick()
+        ctx.set(dut.decoded.valid, 0)
+        assert (ctx.get(dut.host.done), ctx.get(dut.host.busy)) == (1, 0)
+        await start(ctx, dut)          # now the registers are 0x100 and 1000
+        assert (ctx.get(dut.fetch.prog_addr), ctx.get(dut.fetch.prog_len)) == (0x100, 1000)
+    simulate(body)
+
+
+LOAD_SPAD = load_spad(4, 2, 3, 0x2000, 3)          # spad [4, 6), DRAM [0x2000, 0x2006)
+MATMUL = matmul(4, 2, 3, 0)                        # spad [4, 7), acc [2, 5)
+STORE = store(2, 3, 8, 0x3000, 8)                  # acc [2, 5)
+WRITES = lambda first, second: {"writes": [first, second]}   # noqa: E731
+# (word, statuses, the blocker: None when it issues, or the counter that counts the stall)
+HAZARDS = [
+    (END, {}, None), (END, {"load": {"busy": 1}}, "load"),
+    (END, {"fetch": {"reader_busy": 1}}, "load"), (END, {"weights": {"busy": 1}}, "array"),
+    (END, {"stream": {"drained": 0}}, "array"), (END, {"store": {"busy": 1}}, "store"),
+    (END, {"load": {"busy": 1}, "store": {"busy": 1}, "weights": {"busy": 1}}, "load"),
+    (END, {"store": {"busy": 1}, "stream": {"drained": 0}}, "store"),
+    (LOAD_SPAD, {"load": {"busy": 1}}, "load"),
+    (LOAD_SPAD, {"stream": {"busy": 1, "free": 0, "spad_addr": 6, "rows": 2}}, None),
+    (LOAD_SPAD, {"stream": {"busy": 1, "free": 0, "spad_addr": 5, "rows": 2}}, "array"),
+    (LOAD_SPAD, {"stream": {"busy": 0, "spad_addr": 5, "rows": 2}}, None),
+    (LOAD_SPAD, {"weights": {"busy": 1, "spad_addr": 6}}, None),
+    (LOAD_SPAD, {"weights": {"busy": 1, "spad_addr": 3}}, "array"),
+    (LOAD_SPAD, {"weights": {"busy": 1, "spad_addr": 2}}, None),
+    (LOAD_SPAD, {"store": {"busy": 1, "lo": 0x2006, "hi": 0x2100}}, None),
+    (LOAD_SPAD, {"store": {"busy": 1, "lo": 0x1F00, "hi": 0x2000}}, None),
+    (LOAD_SPAD, {"store": {"busy": 1, "lo": 0x1F00, "hi": 0x2001}}, "store"),
+    (LOAD_SPAD, {"store": {"busy": 1, "lo": 0x2005, "hi": 0x2100}}, "store"),
+    (LOAD_SPAD, {"store": {"busy": 0, "lo": 0x1F00, "hi": 0x2100}}, None),
+    (load_acc(0, 1, 4, 0x10, 4), {"load": {"busy": 1}}, "load"),
+    (load_acc(0, 1, 4, 0x10, 4), {"stream": {"drained": 0}}, "array"),
+    (load_acc(0, 1, 4, 0x10, 4), {"store": {"busy": 1, "lo": 0x9000, "hi": 0x9010}}, "store"),
+    (load_quant(4), {"load": {"busy": 1}}, "load"),
+    (load_quant(4), {"store": {"busy": 1}}, "store"),
+    (load_quant(4), {"weights": {"busy": 1}, "stream": {"drained": 0, "busy": 1}}, None),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 6, "rows": 2}}, None),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 5, "rows": 1}}, "load"),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 3, "rows": 2}}, "load"),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 2, "rows": 2}}, None),
+    (preload(4), {"load": {"busy": 1, "to_acc": 1, "local_addr": 4, "rows": 2}}, None),
+    (preload(4), {"weights": {"busy": 1}}, "array"),
+    (preload(4), {"store": {"busy": 1}, "stream": {"busy": 1, "drained": 0}}, None),
+    (MATMUL, {"load": {"busy": 1, "to_acc": 1, "local_addr": 7}}, "load"),
+    (MATMUL, {"load": {"busy": 1, "to_spad": 1, "local_addr": 7, "rows": 2}}, None),
+    (MATMUL, {"load": {"busy": 1, "to_spad": 1, "local_addr": 6, "rows": 1}}, "load"),
+    (MATMUL, {"stream": {"free": 0, "busy": 1}}, "array"),
+    (MATMUL, {"stream": {"full": 1}}, "array"),
+    (MATMUL, {"weights": {"busy": 1}}, "array"),
+    (MATMUL, {"stream": {"busy": 1, "drained": 0}}, None),    # free: streams right behind
+    (MATMUL, {"store": {"busy": 1, "acc_addr": 5, "rows": 3}}, None),
+    (MATMUL, {"store": {"busy": 1, "acc_addr": 4, "rows": 1}}, "store"),
+    (MATMUL, {"store": {"busy": 0, "acc_addr": 4, "rows": 1}}, None),
+    (STORE, {"load": {"busy": 1}}, "load"),
+    (STORE, {"store": {"busy": 1}}, "store"),
+    (STORE, {"stream": WRITES({"valid": 1, "acc_addr": 5, "rows": 2}, {})}, None),
+    (STORE, {"stream": WRITES({}, {"valid": 1, "acc_addr": 4, "rows": 1})}, "array"),
+    (STORE, {"stream": WRITES({"valid": 1, "acc_addr": 0, "rows": 3}, {})}, "array"),
+    (STORE, {"stream": WRITES({"valid": 0, "acc_addr": 2, "rows": 3}, {})}, None),
+    (store_q(2, 3, 3, 0x3000, 3), {"stream": WRITES({}, {"valid": 1, "acc_addr": 1,
+                                                          "rows": 2})}, "array"),
+    (store_q(2, 3, 3, 0x3000, 3), {"stream": {"busy": 1, "drained": 0}}, None),
+]
+
+
+def test_hazards():
+    """Each row of the hazard table in both ways (overlapping by one row or byte, or just
+    apart); a blocked instruction counts one stall in the counter of its first blocker (load
+    before store before array); an issued one goes to its unit alone with its pc, lo, hi."""
+    async def body(ctx, dut):
+        await start(ctx, dut)
+        for index, (word, statuses, blocker) in enumerate(HAZARDS):
+            context = f"case {index}: {decode(word)[0].name} {statuses}"
+            set_status(ctx, dut, **{unit: dict(fields) for unit, fields in statuses.items()})
+            lo, hi = (0x2000, 0x2006) if word == LOAD_SPAD else (0x10, 0x14)
+            set_head(ctx, dut, word, lo=lo, hi=hi)
+            pc, before = ctx.get(dut.host.pc), counters(ctx, dut)
+            assert ctx.get(dut.decoded.ready) == (blocker is None), context
+            for unit in IDLE:
+                expected = blocker is None and UNIT_OF.get(decode(word)[0]) == unit
+                assert ctx.get(getattr(dut, unit).cmd.valid) == expected, f"{context}: {unit}"
+                if expected:
+                    payload = ctx.get(getattr(dut, unit).cmd.payload)
+                    assert (payload.instr.as_bits(), payload.pc, payload.lo, payload.hi) == \
+                        (word, pc, lo, hi), context
+            await ctx.tick()
+            delta = {k: v - before[k] for k, v in counters(ctx, dut).items() if v != before[k]}
+            assert delta == ({"instructions": 1} if blocker is None
+                             else {f"stall_{blocker}": 1}), context
+            if blocker is None and word == END:
+                assert ctx.get(dut.host.done) == 1, context
+                await start(ctx, dut)
+    simulate(body)
+
+
+def test_counters_and_refetch():
+    """No head: a fetch stall a cycle; while ``refetch`` nothing issues or counts; a busy
+    streamer counts its rows and their useful MACs; ``cycles`` counts from 1 at start."""
+    async def body(ctx, dut):
+        await start(ctx, dut)
+        await ctx.tick().repeat(4)
+        set_status(ctx, dut, fetch={"refetch": 1}, stream={"busy": 1, "macs": 6})
+        set_head(ctx, dut, preload(0))
+        assert ctx.get(dut.decoded.ready) == 0
+        await ctx.tick().repeat(3)
+        assert counters(ctx, dut) == {"stall_fetch": 4, "stall_load": 0, "stall_store": 0,
+                                      "stall_array": 0, "instructions": 0}
+        assert ctx.get(dut.host.perf.array_rows) == 3
+        assert ctx.get(dut.host.perf.useful_macs) == 18
+        assert ctx.get(dut.host.cycles) == 8
+    simulate(body)
+
+
+def test_start_while_busy():
+    """A start while running: the head of that cycle still issues, the next one does not;
+    START_BUSY at its pc once idle; the program registers keep their values."""
+    async def body(ctx, dut):
+        await start(ctx, dut, 0x200, 50)
+        await issue_preloads(ctx, dut, 3)
+        set_head(ctx, dut, preload(0))
+        ctx.set(dut.host.prog_addr, 0x800)
+        assert await start(ctx, dut, 0x800, 50) == 0                # no fetch.begin
+        assert (ctx.get(dut.host.pc), ctx.get(dut.decoded.ready)) == (4, 0)
+        assert ctx.get(dut.fetch.enable) == 1
+        await ctx.tick()
+        assert ctx.get(dut.fetch.enable) == 0                       # stopping
+        assert (ctx.get(dut.host.busy), ctx.get(dut.host.error)) == (1, 0)
+        await ctx.tick()
+        assert (ctx.get(dut.host.busy), ctx.get(dut.host.error)) == (0, 1)
+        assert ctx.get(dut.host.error_code) == ErrorCode.START_BUSY.value
+        assert ctx.get(dut.host.error_pc) == 4
+        assert ctx.get(dut.fetch.prog_addr) == 0x200
+    simulate(body)
+
+
+C = ErrorCode
+# Faults by cycle at pc 5 (the issue stage's: the head's check) and from the load and store
+# units ((code, pc)), while both units are busy; then the error the program stops with.
+ARBITER = [
+    ("lowest_pc_load", [{"issue": C.SPAD_RANGE, "load": (C.BUS_READ, 3),
+                         "store": (C.BUS_WRITE, 4)}], (C.BUS_READ, 3)),
+    ("lowest_pc_store", [{"issue": C.ACC_RANGE, "load": (C.QUANT, 4),
+                          "store": (C.BUS_WRITE, 2)}], (C.BUS_WRITE, 2)),
+    ("issue_alone", [{"issue": C.ACC_RANGE}], (C.ACC_RANGE, 5)),
+    ("issue_before_store", [{"issue": C.DRAM_RANGE, "store": (C.BUS_WRITE, 5)}],
+     (C.DRAM_RANGE, 5)),
+    ("tie_load_first", [{"load": (C.BUS_READ, 4), "store": (C.BUS_WRITE, 4)}],
+     (C.BUS_READ, 4)),
+    ("pending_beaten", [{"store": (C.BUS_WRITE, 4)}, {}, {"load": (C.QUANT, 2)}],
+     (C.QUANT, 2)),
+    ("pending_kept", [{"load": (C.BUS_READ, 3)}, {"store": (C.BUS_WRITE, 4)}],
+     (C.BUS_READ, 3)),
+    ("pending_wins_tie", [{"store": (C.BUS_WRITE, 3)}, {"load": (C.BUS_READ, 3)}],
+     (C.BUS_WRITE, 3)),
+]
+
+
+@pytest.mark.parametrize("name, cycles, expected", ARBITER, ids=[a[0] for a in ARBITER])
+def test_error_arbiter(name, cycles, expected):
+    async def body(ctx, dut):
+        await start(ctx, dut)
+        await issue_preloads(ctx, dut, 5)
+        for faults in cycles:
+            set_status(ctx, dut, load={"busy": 1}, store={"busy": 1})
+            set_head(ctx, dut, preload(0), check=faults.get("issue", C.NONE).value,
+                     valid="issue" in faults)
+            for unit in ("load", "store"):
+                code, pc = faults.get(unit, (C.NONE, 0))
+                ctx.set(getattr(dut, unit).fault, {"valid": unit in faults,
+                                                   "code": code.value, "pc": pc})
+            await ctx.tick()
+            ctx.set(dut.load.fault.valid, 0)
+            ctx.set(dut.store.fault.valid, 0)
+            assert (ctx.get(dut.host.busy), ctx.get(dut.fetch.enable)) == (1, 0), name
+        set_status(ctx, dut)
+        await ctx.tick()
+        assert ctx.get(dut.host.error) == 1 and ctx.get(dut.host.busy) == 0, name
+        assert (C(ctx.get(dut.host.error_code)), ctx.get(dut.host.error_pc)) == expected
+    simulate(body)
+
+
+@pytest.mark.parametrize("holding", [
+    {"load": {"busy": 1}}, {"weights": {"busy": 1}}, {"stream": {"drained": 0}},
+    {"store": {"busy": 1}}, {"fetch": {"reader_busy": 1}}, {"fetch": {"refetch": 1}}])
+def test_stops_only_when_idle(holding):
+    """A fault of the head (bus error, before its check) stops the program only in the
+    cycle after the last unit went idle."""
+    async def body(ctx, dut):
+        await start(ctx, dut)
+        await issue_preloads(ctx, dut, 2)
+        set_head(ctx, dut, preload(0), bus_error=1, check=C.SPAD_RANGE.value)
+        await ctx.tick()
+        ctx.set(dut.decoded.valid, 0)
+        set_status(ctx, dut, **holding)
+        for _ in range(5):
+            await ctx.tick()
+            assert (ctx.get(dut.host.busy), ctx.get(dut.host.error)) == (1, 0)
+        set_status(ctx, dut)
+        await ctx.tick()
+        assert (ctx.get(dut.host.busy), ctx.get(dut.host.error)) == (0, 1)
+        assert (C(ctx.get(dut.host.error_code)), ctx.get(dut.host.error_pc)) == (C.BUS_READ, 2)
+    simulate(body)
+
+
+def test_program_without_end():
+    async def body(ctx, dut):
+        await start(ctx, dut, PROG_ADDR, 2)
+        await issue_preloads(ctx, dut, 2)
+        set_head(ctx, dut, preload(0))
+        assert ctx.get(dut.decoded.ready) == 0
+        await ctx.tick().repeat(2)
+        assert (C(ctx.get(dut.host.error_code)), ctx.get(dut.host.error_pc)) == (C.PROGRAM, 2)
+    simulate(body)
+
+
+def test_soft_reset():
+    """A soft reset makes the stage busy and halts the fetcher and the store unit; a start
+    then is ignored."""
+    async def body(ctx, dut):
+        ctx.set(dut.host.soft_reset, 1)
+        await ctx.tick()
+        ctx.set(dut.host.soft_reset, 0)
+        for _ in range(3):
+            assert ctx.get(dut.soft_reset_pending) == 1 and ctx.get(dut.host.busy) == 1
+            assert ctx.get(dut.store.halt) == 1 and ctx.get(dut.fetch.halt) == 1
+            await ctx.tick()
+        assert await start(ctx, dut, 0x300, 4) == 0
+        await ctx.tick()
+        assert (ctx.get(dut.fetch.enable), ctx.get(dut.host.error),
+                ctx.get(dut.host.done), ctx.get(dut.fetch.prog_addr)) == (0, 0, 0, 0)
+    simulate(body)

@@ -1,0 +1,140 @@
+"""Unit tests of :class:`hw.controller.store_unit.StoreUnit`, on a real memory as its
+accumulator read port: STORE's rows two cycles each (READ, ROW), STORE_Q's through the
+requantizer (checked against :func:`sw.quant.requantize`), halt, BUS_WRITE, the status."""
+
+import numpy as np
+import pytest
+from amaranth.hdl import signed
+from amaranth.lib import data
+
+from controller_blocks import CONFIG, WithReadMemory, command_of, offer, pack, unpack
+from error_cases import store, store_q
+from hw.controller.store_unit import StoreUnit
+from hw.isa import ErrorCode
+from hw.requant import INT32_MAX, INT32_MIN, Requantizer
+from sw.quant import quantize_multiplier, requantize
+from sim.amaranth_sim import run_simulation
+
+
+C = CONFIG.cols
+PC = 9
+
+
+def when(valid, value):
+    return value if valid else None
+
+
+def cycles_of(trace, key):
+    """``{cycle: value}`` of the cycles in which ``key`` was valid."""
+    return {cycle: t[key] for cycle, t in enumerate(trace) if t[key] is not None}
+
+
+def run_store(word, *, lo=0, hi=0, quant=None, cmd_ready_at=1, row_stall=(), done_after=2,
+              error=False, halt=(), cycles=40, seed=0x570E):
+    """Issue ``word`` at cycle 0 (after ``quant``, a requantization state, if given) and play
+    the writer: the command taken in ``cmd_ready_at``, ``row.ready`` low in the cycles of
+    ``row_stall``, ``done`` (with ``error``) ``done_after`` cycles after the last row,
+    ``halt`` high in its cycles. Returns the accumulator and the per-cycle trace."""
+    rng = np.random.default_rng(seed)
+    acc = [[int(v) for v in rng.integers(INT32_MIN, INT32_MAX + 1, size=C, dtype=np.int64)]
+           for _ in range(CONFIG.acc_depth)]
+    acc[0][:2] = [INT32_MIN, INT32_MAX]
+    dut = StoreUnit(CONFIG)
+    harness = WithReadMemory(dut, dut.acc, shape=data.ArrayLayout(signed(32), C),
+                             depth=CONFIG.acc_depth, init=acc)
+    trace = []
+
+    async def testbench(ctx):
+        if quant is not None:
+            ctx.set(dut.quant.payload, quant)
+            ctx.set(dut.quant.valid, 1)
+            await ctx.tick()
+            ctx.set(dut.quant.valid, 0)
+        offer(ctx, dut.issue.cmd, word, pc=PC, lo=lo, hi=hi)
+        done_at, rows_taken = None, 0
+        for cycle in range(cycles):
+            ctx.set(dut.issue.halt, cycle in halt)
+            ctx.set(dut.writer.cmd.ready, cycle >= cmd_ready_at)
+            ctx.set(dut.writer.row.ready, cycle not in row_stall)
+            ctx.set(dut.writer.done, cycle == done_at)
+            ctx.set(dut.writer.error, error and cycle == done_at)
+            status, fault = ctx.get(dut.issue.status), ctx.get(dut.issue.fault)
+            row = when(ctx.get(dut.writer.row.valid), ctx.get(dut.writer.row.payload))
+            trace.append({
+                "busy": status.busy,
+                "status": (status.acc_addr, status.rows, status.lo, status.hi),
+                "cmd": when(ctx.get(dut.writer.cmd.valid), command_of(ctx, dut.writer.cmd)),
+                "read": when(ctx.get(dut.acc.en), ctx.get(dut.acc.addr)),
+                "row": row,
+                "fault": when(fault.valid, (ErrorCode(fault.code), fault.pc)),
+            })
+            if row is not None and cycle not in row_stall:
+                rows_taken += 1
+                if rows_taken == status.rows:
+                    done_at = cycle + done_after
+            await ctx.tick()
+            ctx.set(dut.issue.cmd.valid, 0)
+
+    run_simulation(harness, testbench)
+    return acc, trace
+
+
+def test_store_rows():
+    """Command in cycle 1; each row READ then ROW (two cycles), a stalled ROW holds its row;
+    busy until the writer's ``done``; the status holds the instruction's rows and bytes."""
+    lo, hi = 0x5000, 0x5000 + 2 * 20 + 12
+    acc, trace = run_store(store(2, 3, 12, 0x5000, 20), lo=lo, hi=hi, row_stall=(5, 6))
+    assert cycles_of(trace, "cmd") == {1: (0x5000, 3, 12, 20)}
+    assert cycles_of(trace, "read") == {2: 2, 4: 3, 8: 4}
+    rows = {3: acc[2], 5: acc[3], 6: acc[3], 7: acc[3], 9: acc[4]}
+    assert cycles_of(trace, "row") == {c: pack(row, 4) for c, row in rows.items()}
+    assert [t["busy"] for t in trace[:13]] == [0] + [1] * 11 + [0]       # done in cycle 11
+    assert all(t["status"] == (2, 3, lo, hi) for t in trace[1:])
+    assert not cycles_of(trace, "fault")
+
+
+@pytest.mark.parametrize("error", [False, True])
+def test_bus_write_fault(error):
+    """``done`` with ``error``: BUS_WRITE with the pc in that cycle, idle after it."""
+    _, trace = run_store(store(0, 1, 4, 0x100, 4), done_after=3, error=error)
+    assert cycles_of(trace, "fault") == ({6: (ErrorCode.BUS_WRITE, PC)} if error else {})
+    assert [t["busy"] for t in trace[:8]] == [0] + [1] * 6 + [0]
+
+
+def test_halt_holds_the_command():
+    """While ``halt``, no command; once taken, halt stops no row."""
+    _, trace = run_store(store(0, 2, 8, 0x100, 8), halt=(*range(0, 6), 8, 9))
+    assert cycles_of(trace, "cmd") == {6: (0x100, 2, 8, 8)}
+    assert list(cycles_of(trace, "row")) == [8, 10]
+
+
+def quant_state(multipliers, shifts, zero_point, act_min, act_max):
+    return {"multiplier": multipliers, "shift": shifts, "zero_point": zero_point,
+            "act_min": act_min, "act_max": act_max}
+
+
+M, S = zip(*(quantize_multiplier(x) for x in (0.0123, 3.5, 0.5)))
+STATES = [
+    None,                                                         # never loaded: all zero
+    quant_state(list(M), list(S), 3, -100, 110),
+    quant_state([INT32_MAX, INT32_MIN, 1 << 30], [-31, 31, -4], -128, -128, 127),
+    quant_state([INT32_MIN, 1 << 30, 12345], [0, 30, 1], 127, -5, -5),
+]
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_store_q(state):
+    """Each row READ, REQUANTIZE, Requantizer.latency - 1 cycles of wait, ROW; the row is
+    the reference requantization of the accumulator row, in the low C bytes."""
+    latency = Requantizer.latency
+    acc, trace = run_store(store_q(5, 3, 3, 0x200, 3), quant=state)
+    per_row = latency + 2
+    assert cycles_of(trace, "read") == {2 + per_row * r: 5 + r for r in range(3)}
+    reference = state or quant_state([0] * C, [0] * C, 0, -128, 127)
+    expected = {2 + per_row * r + latency + 1: pack(requantize(
+        acc[5 + r], reference["multiplier"], reference["shift"], reference["zero_point"],
+        reference["act_min"], reference["act_max"]), 1) for r in range(3)}
+    rows = cycles_of(trace, "row")
+    assert rows == expected, {c: unpack(v, C, 1) for c, v in rows.items()}
+    if state is None:
+        assert set(rows.values()) == {0}
