@@ -17,15 +17,15 @@ __all__ = ["NPUConfig", "MAX_K", "BUS_WIDTHS", "default_bus_width", "FETCH_BURST
 #: 131071 * (-128 * -128) = 2_147_467_264 <= 2**31 - 1, while 131072 * 16384 = 2**31.
 MAX_K = 131_071
 
-# The instruction fetcher (hw/controller.py), which the cycle model (sw/timing.py) follows.
+# The instruction fetcher (hw/controller/fetcher.py); the cycle model (sw/timing.py) follows it.
 #: Instructions fetched by one DMA read command.
 FETCH_BURST = 8
-#: Depth of the instruction queue between the fetcher and the issue stage.
+#: Depth of the instruction queue (in the decoder, between the fetcher and the issue stage).
 FETCH_DEPTH = 16
-#: The fetcher asks for another batch only at or below this queue level, where a whole batch
-#: still fits in the queue.
+#: The fetcher asks for another batch only while it holds at most this many words (in the
+#: decoder's stages and queue), so that a whole batch still fits in the queue.
 FETCH_HIGH_WATER = FETCH_DEPTH - FETCH_BURST
-#: Below this many queued instructions, the fetcher goes before the load unit on the reader.
+#: Below this many words held, the fetcher goes before the load unit on the reader.
 FETCH_LOW_WATER = 4
 
 #: The AXI4 data widths the NPU can be built with, in bits.

@@ -1,10 +1,10 @@
 """The cycle model: how many cycles a program takes on the RTL, and its performance counters.
 
 :func:`predict` runs a program's instructions through a model of the controller's timing
-(``hw/controller.py``) and of the DMA engine (``hw/dma.py``), one clock cycle at a time, and
+(``hw/controller/``) and of the DMA engine (``hw/dma.py``), one clock cycle at a time, and
 returns the cycle count and the counters the hardware reports (:data:`hw.isa.PERF_COUNTERS`)
 without computing any data. It follows the RTL register for register where timing is
-decided: the fetcher and its instruction queue, the decode stage, the issue stage's hazard
+decided: the fetcher, the decoder's stages and instruction queue, the issue stage's hazard
 checks, the four units, the array's latency, the accumulator's read-modify-write, the DMA's
 bursts and row geometry. ``tb/test_timing.py`` checks that it equals the RTL's own counters,
 cycle for cycle, on a sweep of GEMM shapes and configurations.

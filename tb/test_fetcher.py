@@ -302,13 +302,11 @@ def test_refetch_waits_for_the_reader():
     simulate(body, prog_len=20)
 
 
-@pytest.mark.xfail(strict=True, reason="the arbiter decides anew every cycle: a fetch command "
-                   "offered to a reader that is not ready yet is replaced by a load command "
-                   "(hw/dma.py is ready whenever the fetcher sees it idle, so not in the NPU)")
 def test_offered_command_holds_until_taken():
     """The stream rule: a command offered (``valid``) stays the same until it is taken,
     even when the load unit asks meanwhile (the queue at FETCH_HIGH_WATER, so the load would
-    go first)."""
+    go first). Before, the arbiter decided anew every cycle and replaced the fetch with the
+    load (harmless with hw/dma.py, which is ready whenever the fetcher sees it idle)."""
     async def body(ctx, dut, bench):
         await fill_one_batch(ctx, dut, bench)
         bench.ready_from = bench.cycle + 4

@@ -122,7 +122,14 @@ class Fetcher(wiring.Component):
                       (fetch_pc != control.prog_len) & (held <= FETCH_HIGH_WATER))
         grant_fetch = Signal()
         grant_load = Signal()
-        with m.If(~reader_busy & ~control.halt):
+        # A command offered and not yet taken stays offered, unchanged (the stream's rule).
+        offered = Signal()
+        offered_load = Signal()
+        m.d.sync += [offered.eq(reader.cmd.valid & ~reader.cmd.ready),
+                     offered_load.eq(grant_load)]
+        with m.If(offered):
+            m.d.comb += [grant_fetch.eq(~offered_load), grant_load.eq(offered_load)]
+        with m.Elif(~reader_busy & ~control.halt):
             with m.If(fetch_want & (~load.cmd.valid | (held < FETCH_LOW_WATER))):
                 m.d.comb += grant_fetch.eq(1)
             with m.Elif(load.cmd.valid):
@@ -163,7 +170,7 @@ class Fetcher(wiring.Component):
             m.d.sync += [fetch_stop.eq(1), words.word.payload.bus_error.eq(1)]
 
         # After a store over the program: drop what was fetched, read on from pc.
-        with m.If(refetch & ~control.store_busy & ~reader_busy):
+        with m.If(refetch & ~control.store_busy & ~reader_busy & ~offered):
             m.d.comb += words.flush.eq(1)
             m.d.sync += [refetch.eq(0), fetch_pc.eq(control.pc), fetch_stop.eq(0)]
 
