@@ -11,11 +11,11 @@ from amaranth.hdl import Elaboratable, Module
 from amaranth.lib.memory import Memory
 
 from hw.config import NPUConfig
-from hw.isa import INSTR_BYTES, Instruction
+from hw.isa import INSTR_BYTES, Instruction, Opcode, decode
 
 
-__all__ = ["CONFIG", "READ_ROW_BYTES", "issued", "offer", "pack", "unpack", "command_of",
-           "WithReadMemory"]
+__all__ = ["CONFIG", "READ_ROW_BYTES", "EMPTY", "span", "row_ranges", "issued", "offer",
+           "pack", "unpack", "command_of", "WithReadMemory"]
 
 
 #: A small array whose rows and columns differ, so that a swapped R and C shows.
@@ -24,14 +24,47 @@ CONFIG = NPUConfig(rows=2, cols=3, spad_depth=16, acc_depth=8, bus_width=64)
 READ_ROW_BYTES = max(CONFIG.dma_row_bytes, INSTR_BYTES)
 
 
-def issued(word, *, pc=0, lo=0, hi=0):
-    """The :class:`~hw.controller.signatures.Issued` payload of instruction ``word``."""
-    return {"instr": Instruction.from_bits(word), "pc": pc, "lo": lo, "hi": hi}
+#: The :class:`~hw.controller.signatures.RowRange` of an instruction that touches no rows.
+EMPTY = {"lo": 0, "hi": 0}
+
+
+def span(first, rows):
+    """The :class:`~hw.controller.signatures.RowRange` of rows ``[first, first + rows)``."""
+    return {"lo": first, "hi": first + rows}
+
+
+def row_ranges(word, config=CONFIG):
+    """``(spad, acc)``: the scratchpad and accumulator rows instruction ``word`` touches, as
+    the decoder sums them (written from the instruction set, not from the decoder):
+    LOAD_SPAD and LOAD_ACC ``[local_addr, + rows)`` of their memory, PRELOAD the R
+    scratchpad rows from ``spad_addr``, MATMUL its ``rows`` rows of each, STORE and STORE_Q
+    ``[acc_addr, + rows)``; empty for the others (and for an illegal opcode)."""
+    opcode, f = decode(word)
+    spad = acc = EMPTY
+    if opcode == Opcode.LOAD_SPAD:
+        spad = span(f["local_addr"], f["rows"])
+    elif opcode == Opcode.LOAD_ACC:
+        acc = span(f["local_addr"], f["rows"])
+    elif opcode == Opcode.PRELOAD:
+        spad = span(f["spad_addr"], config.rows)
+    elif opcode == Opcode.MATMUL:
+        spad, acc = span(f["spad_addr"], f["rows"]), span(f["acc_addr"], f["rows"])
+    elif opcode in (Opcode.STORE, Opcode.STORE_Q):
+        acc = span(f["acc_addr"], f["rows"])
+    return spad, acc
+
+
+def issued(word, *, pc=0, lo=0, hi=0, config=CONFIG):
+    """The :class:`~hw.controller.signatures.Issued` payload of instruction ``word``, with the
+    row ranges the decoder gives it (:func:`row_ranges` for ``config``)."""
+    spad, acc = row_ranges(word, config)
+    return {"instr": Instruction.from_bits(word), "pc": pc, "lo": lo, "hi": hi,
+            "spad": spad, "acc": acc}
 
 
 def offer(ctx, cmd, word, **fields):
-    """Put instruction ``word`` on a unit's ``cmd`` stream, valid (for this cycle; the caller
-    clears ``valid`` after the edge)."""
+    """Put instruction ``word`` (:func:`issued`'s payload, ``fields`` passed on) on a unit's
+    ``cmd`` stream, valid (for this cycle; the caller clears ``valid`` after the edge)."""
     ctx.set(cmd.payload, issued(word, **fields))
     ctx.set(cmd.valid, 1)
 

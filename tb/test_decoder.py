@@ -1,15 +1,19 @@
 """Unit tests of :class:`hw.controller.decoder.Decoder`: the operand checks in the ISA's order
 (lengths, local range, DRAM range) against a Python reference written from :mod:`hw.isa`'s
-text, the DRAM bounds ``[lo, hi)``, and the one-cycle register stage."""
+text, the DRAM bounds ``[lo, hi)``, the row ranges, and the pipeline: check stage, queue of
+FETCH_DEPTH words, head register."""
+
+from collections import deque
 
 import numpy as np
 import pytest
 from amaranth.hdl import Shape
 
-from controller_blocks import CONFIG
+from controller_blocks import CONFIG, row_ranges
 from error_cases import CONFIG as TABLE_CONFIG
 from error_cases import (END, ERROR_PROGRAMS, load_acc, load_quant, load_spad, matmul, store,
                          store_q)
+from hw.config import FETCH_DEPTH
 from hw.controller.decoder import Decoder
 from hw.isa import ErrorCode, Instruction, Opcode, argument_layout, decode, encode
 from sim.amaranth_sim import run_simulation
@@ -66,40 +70,63 @@ def reference(word, config=CONFIG):
 
 
 def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
-    """Stream ``words`` through a decoder; with ``seed``, ``valid`` and ``ready`` are random.
-    Returns ``(word, lo, hi, check, bus_error)`` for every word, in the order they left, and
-    checks the handshake on every cycle."""
+    """Stream ``words`` through a decoder, playing the fetcher (a word offered on
+    ``words.word`` for one cycle, never stalled, only while at most FETCH_DEPTH words are
+    delivered and not ``taken``) and the issue stage (``decoded.ready``); with ``seed``, words
+    come and ``ready`` is high at random, with long stretches of ``ready`` low that fill the
+    queue. Returns ``(word, lo, hi, check, bus_error, spad, acc)`` for every word, in the
+    order they left, and checks on every cycle the handshake against a model of the
+    pipeline: a word offered in cycle t is in the queue from t + 2; ``taken`` exactly when
+    the queue holds a word and the head register is empty or its word leaves; the head in
+    ``decoded`` the cycle after."""
     dut = Decoder(config)
     rng = np.random.default_rng(seed)
     bus_errors = bus_errors or [0] * len(words)
     out = []
 
     async def testbench(ctx):
-        taken, held = 0, None
+        offered, taken, held, fullest = 0, 0, None, 0
+        pipeline = deque()            # cycles in which the words not yet taken were offered
+        head = False                  # the model's head register holds a word
         for cycle in range(20 * len(words) + 20):
-            offering = taken < len(words) and (seed is None or rng.random() < 0.7)
-            ctx.set(dut.fetched.valid, offering)
+            stalled = seed is not None and (cycle // 50) % 3 == 1
+            offering = (offered < len(words) and offered - taken < FETCH_DEPTH and
+                        (seed is None or rng.random() < 0.7))
+            ctx.set(dut.words.word.valid, offering)
             if offering:
-                ctx.set(dut.fetched.payload, {"instr": Instruction.from_bits(words[taken]),
-                                              "bus_error": bus_errors[taken]})
-            ready = seed is None or rng.random() < 0.6
+                ctx.set(dut.words.word.payload, {
+                    "instr": Instruction.from_bits(words[offered]),
+                    "bus_error": bus_errors[offered]})
+            ready = seed is None or (not stalled and rng.random() < 0.6)
             ctx.set(dut.decoded.ready, ready)
             valid = ctx.get(dut.decoded.valid)
             payload = ctx.get(dut.decoded.payload)
             record = (payload.instr.as_bits(), payload.lo, payload.hi, payload.check,
-                      payload.bus_error)
+                      payload.bus_error, (payload.spad.lo, payload.spad.hi),
+                      (payload.acc.lo, payload.acc.hi))
+            context = f"seed {seed} cycle {cycle}"
+            assert valid == head, f"{context}: decoded.valid"
             if held is not None:
-                assert valid and record == held, f"seed {seed} cycle {cycle}: not held"
-            # A new word is taken exactly when the register is empty or its word leaves.
-            assert ctx.get(dut.fetched.ready) == (offering and (not valid or ready)), \
-                f"seed {seed} cycle {cycle}"
-            taken += ctx.get(dut.fetched.ready)
+                assert record == held, f"{context}: not held"
+            in_queue = bool(pipeline) and pipeline[0] <= cycle - 2
+            take = in_queue and (not head or ready)
+            assert ctx.get(dut.words.taken) == take, f"{context}: taken"
             if valid and ready:
                 out.append(record)
             held = record if valid and not ready else None
             if len(out) == len(words):
+                # The stalls filled the queue up to the fetcher's limit.
+                assert seed is None or fullest == FETCH_DEPTH, f"seed {seed}: {fullest}"
                 return
             await ctx.tick()
+            if offering:
+                pipeline.append(cycle)
+                offered += 1
+                fullest = max(fullest, offered - taken)
+            if take:
+                pipeline.popleft()
+                taken += 1
+            head = take or (head and not ready)
         raise AssertionError(f"seed {seed}: {len(out)} of {len(words)} words decoded")
 
     run_simulation(dut, testbench)
@@ -108,70 +135,95 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
 
 def assert_decoded(word, record, context, bus_error=0):
     code, lo, hi = reference(word)
-    got_word, got_lo, got_hi, got_check, got_bus_error = record
+    spad, acc = row_ranges(word)
+    got_word, got_lo, got_hi, got_check, got_bus_error, got_spad, got_acc = record
     assert (got_word, got_bus_error) == (word, bus_error), context
     assert ErrorCode(got_check) == code, f"{context}: {ErrorCode(got_check).name}, " \
         f"expected {code.name}"
     assert got_lo == lo, f"{context}: lo {got_lo:#x}, expected {lo:#x}"
     if code == ErrorCode.NONE:
         assert got_hi == hi, f"{context}: hi {got_hi:#x}, expected {hi:#x}"
+    assert (got_spad, got_acc) == ((spad["lo"], spad["hi"]), (acc["lo"], acc["hi"])), \
+        f"{context}: spad {got_spad}, acc {got_acc}"
 
 
 def test_register_stage():
-    """A word is in ``decoded`` the cycle after it was taken; the next is taken only in the
-    cycle the held one leaves; ``flush`` drops the held word (and one taken with it);
-    ``bus_error`` passes through."""
+    """A word offered in cycle t leaves the queue (``taken``) in t + 2 and is in ``decoded``
+    in t + 3 (check stage, queue, head register), with its bounds and row ranges; the next
+    is taken only in the cycle the held one leaves; ``flush`` drops the held word and the
+    words in the stage, in the queue and on ``word`` in that cycle; ``bus_error`` passes
+    through."""
     dut = Decoder(CONFIG)
     first, second, third = load_spad(0, 1, 1, 0x100, 0), store(0, 1, 4, 0x200, 4), END
 
     def fetched(ctx, word, bus_error=0):
-        ctx.set(dut.fetched.payload, {"instr": Instruction.from_bits(word),
-                                      "bus_error": bus_error})
-        ctx.set(dut.fetched.valid, 1)
+        ctx.set(dut.words.word.payload, {"instr": Instruction.from_bits(word),
+                                         "bus_error": bus_error})
+        ctx.set(dut.words.word.valid, 1)
 
     def held(ctx):
         return ctx.get(dut.decoded.valid) and ctx.get(dut.decoded.payload.instr).as_bits()
 
+    def taken(ctx):
+        return ctx.get(dut.words.taken)
+
+    async def tick(ctx, cycles=1):
+        for _ in range(cycles):
+            await ctx.tick()
+            ctx.set(dut.words.word.valid, 0)          # a word is on ``word`` for one cycle
+
     async def testbench(ctx):
         fetched(ctx, first)
-        assert (ctx.get(dut.fetched.ready), ctx.get(dut.decoded.valid)) == (1, 0)
-        await ctx.tick()
-        assert held(ctx) == first
-        assert ctx.get(dut.decoded.payload.lo) == 0x100
-        assert ctx.get(dut.decoded.payload.hi) == 0x101
+        for _ in range(2):                            # cycles 0 and 1
+            assert (taken(ctx), ctx.get(dut.decoded.valid)) == (0, 0)
+            await tick(ctx)
+        assert (taken(ctx), ctx.get(dut.decoded.valid)) == (1, 0)   # cycle 2: out of the queue
+        await tick(ctx)
+        assert held(ctx) == first                                   # cycle 3
+        payload = ctx.get(dut.decoded.payload)
+        assert (payload.lo, payload.hi) == (0x100, 0x101)
+        assert ((payload.spad.lo, payload.spad.hi), (payload.acc.lo, payload.acc.hi)) == \
+            ((0, 1), (0, 0))
         fetched(ctx, second)
-        for _ in range(3):            # not ready: the first stays, the second waits
-            assert ctx.get(dut.fetched.ready) == 0
-            await ctx.tick()
+        for _ in range(5):            # not ready: the first stays, the second waits in the queue
+            assert taken(ctx) == 0
+            await tick(ctx)
             assert held(ctx) == first
         ctx.set(dut.decoded.ready, 1)
-        assert ctx.get(dut.fetched.ready) == 1          # taken as the first one leaves
-        await ctx.tick()
-        assert held(ctx) == second
-        ctx.set(dut.fetched.valid, 0)
-        await ctx.tick()
+        assert taken(ctx) == 1                          # taken as the first one leaves
+        await tick(ctx)
+        assert held(ctx) == second and taken(ctx) == 0
+        payload = ctx.get(dut.decoded.payload)
+        assert ((payload.spad.lo, payload.spad.hi), (payload.acc.lo, payload.acc.hi)) == \
+            ((0, 0), (0, 1))
+        await tick(ctx)
         assert ctx.get(dut.decoded.valid) == 0
         ctx.set(dut.decoded.ready, 0)
         fetched(ctx, third)
-        await ctx.tick()
+        await tick(ctx, 3)
         assert held(ctx) == third
+        # A word in the queue, one in the stage, one on ``word``: the flush drops them all.
         fetched(ctx, first)
-        ctx.set(dut.flush, 1)
-        assert ctx.get(dut.fetched.ready) == 0
-        await ctx.tick()
+        await tick(ctx)
+        fetched(ctx, second)
+        await tick(ctx)
+        fetched(ctx, first)
+        ctx.set(dut.words.flush, 1)
+        assert taken(ctx) == 0
+        await tick(ctx)
         assert ctx.get(dut.decoded.valid) == 0            # flushed, not issued
-        assert ctx.get(dut.fetched.ready) == 1            # taken in the flush cycle...
-        await ctx.tick()
-        assert ctx.get(dut.decoded.valid) == 0            # ...and dropped too
-        ctx.set(dut.flush, 0)
+        ctx.set(dut.words.flush, 0)
+        for _ in range(5):                                # ...and nothing else comes
+            assert (taken(ctx), ctx.get(dut.decoded.valid)) == (0, 0)
+            await tick(ctx)
         fetched(ctx, 0, bus_error=1)
-        await ctx.tick()
+        await tick(ctx, 3)
         assert held(ctx) == 0
         assert ctx.get(dut.decoded.payload.bus_error) == 1
         assert ctx.get(dut.decoded.payload.check) == ErrorCode.ILLEGAL_OPCODE.value
         fetched(ctx, first, bus_error=0)
         ctx.set(dut.decoded.ready, 1)
-        await ctx.tick()
+        await tick(ctx, 3)
         assert held(ctx) == first and ctx.get(dut.decoded.payload.bus_error) == 0
 
     run_simulation(dut, testbench)
@@ -287,9 +339,10 @@ def random_word(rng):
 
 @pytest.mark.parametrize("seed", [0xDEC0, 0xDEC1])
 def test_random_against_reference(seed):
-    """Random instructions (a few with ``bus_error``), random ``valid`` and ``ready``: every
-    word leaves once, in order, with the reference's check and bounds and its ``bus_error``;
-    the handshake holds on every cycle."""
+    """Random instructions (a few with ``bus_error``), random ``valid`` and ``ready`` (with
+    stretches that fill the queue): every word leaves once, in order, with the reference's
+    check, bounds and row ranges and its ``bus_error``; the handshake holds on every
+    cycle."""
     rng = np.random.default_rng(seed)
     words = [random_word(rng) for _ in range(300)]
     bus_errors = [int(rng.random() < 0.05) for _ in words]

@@ -1,6 +1,9 @@
 """Unit tests of :class:`hw.controller.fetcher.Fetcher`: batches of ``FETCH_BURST``
 instructions, the high and low water rules, sharing the DMA reader with the load unit,
-failed fetches, halt, the refetch after a store over the program, and its queue assertion."""
+failed fetches, halt, the refetch after a store over the program, and its queue assertion;
+the decoder's side (its stage, queue, head register and ``taken``) is played by the bench."""
+
+from collections import deque
 
 import pytest
 
@@ -22,8 +25,15 @@ def word_at(addr):
 
 class Bench:
     """Plays the DMA reader (``latency`` cycles from a command to its first row, a row a
-    cycle, ``done`` with the last row) and the queue's reader around a fetcher, one cycle per
-    :meth:`step`, keeping what the fetcher did and the queue level it must have.
+    cycle, ``done`` with the last row), the decoder and the issue stage around a fetcher, one
+    cycle per :meth:`step`, keeping what the fetcher did and the count of words it must hold.
+
+    The decoder is modelled as :mod:`hw.controller.decoder` builds it: a word on
+    ``words.word`` in cycle t is in the queue from t + 2; it leaves the queue (``taken``)
+    when the head register is empty or its word is popped (by the issue stage) in that
+    cycle, and is the head from the next cycle; ``flush`` drops the stage, the queue and the
+    head. ``held`` is what the fetcher counts: the words delivered by the reader (or their
+    error entries) not yet ``taken``; the head register's word is not among them.
 
     ``fail_after`` (``load_fail_after``): the next fetch (load) command ends in a bus error
     after that many rows.
@@ -36,14 +46,18 @@ class Bench:
         self.fail_after = self.load_fail_after = None
         self.commands = []           # (cycle, (addr, rows, row_bytes, stride), is_load)
         self.popped, self.load_rows, self.cycle = [], [], 0
-        self.level = self.fetch_pc = 0
+        self.held = self.fetch_pc = 0
+        self.word = None             # the word the fetcher must put on ``words.word`` now
+        self.pipeline = deque()      # (cycle on ``words.word``, word): the stage and the queue
+        self.head = None             # the decoder's head register
         self.ready_from = 0          # the reader refuses commands before this cycle
         ctx.set(dut.control.prog_addr, PROG_ADDR)
         ctx.set(dut.control.prog_len, prog_len)
         ctx.set(dut.control.enable, 1)
 
     async def step(self, *, pop=False):
-        """One cycle; returns ``reader.cmd.valid`` and ``flush`` of this cycle."""
+        """One cycle, the issue stage popping the head if ``pop``; returns
+        ``reader.cmd.valid`` and ``flush`` of this cycle."""
         ctx, dut, busy = self.ctx, self.dut, self.busy
         row = done = error = False
         if busy is not None and busy[4] == 0:
@@ -58,8 +72,13 @@ class Bench:
             ctx.set(dut.reader.row.payload, word_at(busy[0] + busy[3] * busy[2]))
         ctx.set(dut.reader.done, done)
         ctx.set(dut.reader.error, error)
-        ctx.set(dut.fetched.ready, pop)
-        cmd_valid, flush = ctx.get(dut.reader.cmd.valid), ctx.get(dut.flush)
+        if pop:
+            assert self.head is not None, f"cycle {self.cycle}: pop from an empty queue"
+            self.popped.append(self.head)
+        take = (bool(self.pipeline) and self.pipeline[0][0] <= self.cycle - 2 and
+                (self.head is None or pop))
+        ctx.set(dut.words.taken, take)
+        cmd_valid, flush = ctx.get(dut.reader.cmd.valid), ctx.get(dut.words.flush)
         is_load = ctx.get(dut.load.cmd.ready) == 1
         command = command_of(ctx, dut.reader.cmd)
         assert ctx.get(dut.load.row.valid) == (row and busy[5]), f"cycle {self.cycle}"
@@ -67,15 +86,34 @@ class Bench:
         assert ctx.get(dut.load.error) == error, f"cycle {self.cycle}"
         if row and busy[5]:
             self.load_rows.append(ctx.get(dut.load.row.payload))
-        if pop:
-            assert ctx.get(dut.fetched.valid), f"cycle {self.cycle}: pop from an empty queue"
-            self.popped.append(ctx.get(dut.fetched.payload))
+        # Each fetched row (or error entry) on ``words.word`` in the next cycle, once.
+        word_valid = ctx.get(dut.words.word.valid)
+        assert word_valid == (self.word is not None), f"cycle {self.cycle}: words.word"
+        if word_valid:
+            payload = ctx.get(dut.words.word.payload)
+            word = (payload.instr.as_bits(), payload.bus_error)
+            assert word[1] == self.word[1] and (word[1] or word == self.word), \
+                f"cycle {self.cycle}: {word} for {self.word}"
         await ctx.tick()
         self.cycle += 1
+        fetched = (row or error) and not busy[5]
         if flush:
-            self.level = 0
+            self.held, self.word = 0, None
+            self.pipeline.clear()
+            self.head = None
         else:
-            self.level += (row and not busy[5]) + (error and not busy[5]) - pop
+            self.held += fetched - take
+            assert self.held <= FETCH_DEPTH, f"cycle {self.cycle - 1}: held {self.held}"
+            if take:
+                self.head = self.pipeline.popleft()[1]
+            elif pop:
+                self.head = None
+            if word_valid:
+                self.pipeline.append((self.cycle - 1, word))
+            self.word = None
+            if fetched:
+                self.word = ((word_at(busy[0] + busy[3] * busy[2]), 0) if row
+                             else (None, 1))
         if busy is not None:
             busy[3] += row
             busy[4] = max(busy[4] - 1, 0)
@@ -91,8 +129,13 @@ class Bench:
         for _ in range(cycles):
             await self.step(**kwargs)
 
+    def empty(self):
+        """Nothing on ``words.word``, none held, nothing in the decoder."""
+        return (self.ctx.get(self.dut.words.word.valid) == 0 and self.held == 0 and
+                not self.pipeline and self.head is None)
+
     def popped_words(self):
-        return [(entry.instr.as_bits(), entry.bus_error) for entry in self.popped]
+        return list(self.popped)
 
 
 def fetch_cmd(first, rows):
@@ -119,39 +162,44 @@ def simulate(body, *, prog_len, **kwargs):
 
 
 def test_batches_and_high_water():
-    """A batch is asked for exactly while the reader is idle and the queue holds at most
+    """A batch is asked for exactly while the reader is idle and the fetcher holds at most
     FETCH_HIGH_WATER words; the last batch is the rest of the program."""
     async def body(ctx, dut, bench):
         for cycle in range(80):
-            pop = cycle >= 30 and ctx.get(dut.fetched.valid) == 1
+            pop = cycle >= 30 and bench.head is not None
             asked = sum(command[1] for _, command, _ in bench.commands)
-            wants = bench.busy is None and asked < 20 and bench.level <= FETCH_HIGH_WATER
+            wants = bench.busy is None and asked < 20 and bench.held <= FETCH_HIGH_WATER
             cmd_valid, _ = await bench.step(pop=pop)
-            assert cmd_valid == wants, f"cycle {bench.cycle - 1}: level {bench.level}"
-        # Rows come 3 cycles after a command; the 8th pop (from cycle 31 on) leaves 8 words.
+            assert cmd_valid == wants, f"cycle {bench.cycle - 1}: held {bench.held}"
+        # Rows come 3 cycles after a command; the first word leaves the count for the
+        # decoder's head register in cycle 7, so 7 are held after the first batch and 15
+        # after the second; the 7th pop (from cycle 31 on) leaves 8 held.
         assert [(c, cmd) for c, cmd, _ in bench.commands] == [
-            (1, fetch_cmd(0, 8)), (12, fetch_cmd(8, 8)), (39, fetch_cmd(16, 4))]
+            (1, fetch_cmd(0, 8)), (12, fetch_cmd(8, 8)), (38, fetch_cmd(16, 4))]
         assert bench.popped_words() == program(0, 20)
-        assert ctx.get(dut.fetched.valid) == 0
+        assert bench.empty()
     assert FETCH_DEPTH == 16 and FETCH_BURST == 8 and FETCH_HIGH_WATER == 8
     simulate(body, prog_len=20)
 
 
 async def fill_one_batch(ctx, dut, bench):
-    """One batch into the queue, fetching off after its command."""
+    """One batch into the decoder, fetching off after its command: its first word in the
+    head register, the other FETCH_BURST - 1 held."""
     await bench.step()
     ctx.set(dut.control.enable, 0)
     await bench.run(12)
-    assert bench.level == FETCH_BURST and bench.busy is None
+    assert bench.held == FETCH_BURST - 1 and bench.head is not None and bench.busy is None
 
 
 @pytest.mark.parametrize("level", [FETCH_LOW_WATER, FETCH_LOW_WATER - 1])
 def test_arbitration_with_load(level):
-    """The load unit's command goes first unless the queue is below FETCH_LOW_WATER; its
-    rows go to ``load``, not into the queue, and its bus error stops no fetching."""
+    """The load unit's command goes first unless the fetcher holds fewer than
+    FETCH_LOW_WATER words; its rows go to ``load``, not to the decoder, and its bus error
+    stops no fetching."""
     async def body(ctx, dut, bench):
         await fill_one_batch(ctx, dut, bench)
-        await bench.run(FETCH_BURST - level, pop=True)
+        await bench.run(FETCH_BURST - 1 - level, pop=True)
+        assert bench.held == level
         ctx.set(dut.control.enable, 1)
         ctx.set(dut.load.cmd.valid, 1)
         for name, value in zip(("addr", "rows", "row_bytes", "stride"), LOAD_CMD):
@@ -167,7 +215,7 @@ def test_arbitration_with_load(level):
         else:
             assert kinds == [(fetch_cmd(8, 8), False), (LOAD_CMD, True)]
         assert bench.load_rows == [word_at(0x4000 + 7 * r) for r in range(3)]
-        await bench.run(bench.level, pop=True)
+        await bench.run(bench.held + 1, pop=True)         # the held words and the head
         assert bench.popped_words() == program(0, 16)
     simulate(body, prog_len=32)
 
@@ -202,9 +250,11 @@ def test_failed_fetch_and_begin():
         await bench.run(20)
         assert [cmd for _, cmd, _ in bench.commands] == [fetch_cmd(0, 8)]
         await bench.run(4, pop=True)
-        assert bench.popped_words() == program(0, 3) + [(0, 1)]
+        # The error entry's instruction bits are the last word's: the fetcher's output
+        # register keeps them (the issue stage looks at bus_error first).
+        assert bench.popped_words() == program(0, 3) + [(program(2, 1)[0][0], 1)]
         await bench.run(30)
-        assert len(bench.commands) == 1 and ctx.get(dut.fetched.valid) == 0
+        assert len(bench.commands) == 1 and bench.empty()
         bench.fail_after = None
         ctx.set(dut.control.begin, 1)
         _, flush = await bench.step()
@@ -222,11 +272,11 @@ def test_failed_fetch_and_begin():
 def test_begin_mid_program_flushes():
     async def body(ctx, dut, bench):
         await bench.run(30)
-        assert bench.level == 16
+        assert bench.held == 15 and bench.head is not None        # 16 words fetched
         ctx.set(dut.control.begin, 1)
         ctx.set(dut.control.prog_addr, PROG_ADDR + 0x100)
         _, flush = await bench.step()
-        assert flush == 1 and ctx.get(dut.fetched.valid) == 0
+        assert flush == 1 and bench.empty()
         ctx.set(dut.control.begin, 0)
         await bench.run(2)
         assert bench.commands[-1][1] == (PROG_ADDR + 0x100, 8, 16, 16)
@@ -266,7 +316,7 @@ def test_refetch_after_store(store, overlaps):
         ctx.set(dut.control.store_issued, 0)
         assert ctx.get(dut.control.refetch) == overlaps
         for _ in range(30):
-            wants = not overlaps and bench.busy is None and bench.level <= FETCH_HIGH_WATER
+            wants = not overlaps and bench.busy is None and bench.held <= FETCH_HIGH_WATER
             cmd_valid, flush = await bench.step()
             assert (cmd_valid, flush) == (wants, 0), f"cycle {bench.cycle - 1}"
         assert len(bench.commands) == (1 if overlaps else 2)
@@ -274,7 +324,7 @@ def test_refetch_after_store(store, overlaps):
         _, flush = await bench.step()
         assert flush == overlaps and ctx.get(dut.control.refetch) == 0
         if overlaps:
-            assert ctx.get(dut.fetched.valid) == 0
+            assert bench.empty()
             await bench.step()
             assert bench.commands[-1][1] == fetch_cmd(5, 8)
             await bench.run(12)
@@ -304,9 +354,10 @@ def test_refetch_waits_for_the_reader():
 
 def test_offered_command_holds_until_taken():
     """The stream rule: a command offered (``valid``) stays the same until it is taken,
-    even when the load unit asks meanwhile (the queue at FETCH_HIGH_WATER, so the load would
-    go first). Before, the arbiter decided anew every cycle and replaced the fetch with the
-    load (harmless with hw/dma.py, which is ready whenever the fetcher sees it idle)."""
+    even when the load unit asks meanwhile (FETCH_BURST - 1 words held, not below
+    FETCH_LOW_WATER, so the load would go first). Before, the arbiter decided anew every
+    cycle and replaced the fetch with the load (harmless with hw/dma.py, which is ready
+    whenever the fetcher sees it idle)."""
     async def body(ctx, dut, bench):
         await fill_one_batch(ctx, dut, bench)
         bench.ready_from = bench.cycle + 4
@@ -325,10 +376,18 @@ def test_offered_command_holds_until_taken():
     simulate(body, prog_len=32)
 
 
-def test_queue_overflow_assert_fires():
-    """Mutant: a reader that delivers more rows than asked (FETCH_DEPTH + 1 for a batch)
-    overflows the queue, and the fetcher's assertion stops the simulation."""
+@pytest.mark.parametrize("extra", [1, 2])
+def test_queue_overflow_assert_fires(extra):
+    """Mutant: a reader that delivers more rows than asked. FETCH_DEPTH + 1 rows for a batch
+    still fit (the decoder's head register takes the first word, the other FETCH_DEPTH are
+    held); FETCH_DEPTH + 2 would overflow the queue, and the fetcher's assertion stops the
+    simulation."""
     async def body(ctx, dut, bench):
         await bench.run(60)
-    with pytest.raises(AssertionError, match="instruction queue overflow"):
-        simulate(body, prog_len=64, extra_rows=FETCH_DEPTH - FETCH_BURST + 1)
+        assert bench.held == FETCH_DEPTH and bench.head is not None
+    extra_rows = FETCH_DEPTH - FETCH_BURST + extra
+    if extra == 1:
+        simulate(body, prog_len=64, extra_rows=extra_rows)
+    else:
+        with pytest.raises(AssertionError, match="instruction queue overflow"):
+            simulate(body, prog_len=64, extra_rows=extra_rows)

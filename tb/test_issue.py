@@ -4,7 +4,7 @@ attribution, START_BUSY, the error arbiter and the stop, soft reset."""
 
 import pytest
 
-from controller_blocks import CONFIG
+from controller_blocks import CONFIG, row_ranges, span
 from error_cases import END, load_acc, load_quant, load_spad, matmul, preload, store, store_q
 from hw.controller.issue import IssueStage
 from hw.isa import ErrorCode, Instruction, Opcode, decode
@@ -12,6 +12,7 @@ from sim.amaranth_sim import run_simulation
 
 
 PROG_ADDR, PROG_LEN = 0x100, 1000
+R = CONFIG.rows
 IDLE = {
     "load": {}, "weights": {}, "store": {},
     "stream": {"free": 1, "drained": 1},
@@ -33,8 +34,11 @@ def set_status(ctx, dut, **statuses):
 
 
 def set_head(ctx, dut, word, *, check=0, bus_error=0, lo=0, hi=0, valid=1):
+    """The decoder's head: ``word`` with its row ranges (:func:`row_ranges`)."""
+    spad, acc = row_ranges(word)
     ctx.set(dut.decoded.payload, {"instr": Instruction.from_bits(word), "lo": lo, "hi": hi,
-                                  "check": check, "bus_error": bus_error})
+                                  "spad": spad, "acc": acc, "check": check,
+                                  "bus_error": bus_error})
     ctx.set(dut.decoded.valid, valid)
 
 
@@ -111,6 +115,7 @@ def test_program_registers_latched_at_start():
 LOAD_SPAD = load_spad(4, 2, 3, 0x2000, 3)          # spad [4, 6), DRAM [0x2000, 0x2006)
 MATMUL = matmul(4, 2, 3, 0)                        # spad [4, 7), acc [2, 5)
 STORE = store(2, 3, 8, 0x3000, 8)                  # acc [2, 5)
+# The units' rows as RowRange values: span(first, rows) is [first, first + rows).
 WRITES = lambda first, second: {"writes": [first, second]}   # noqa: E731
 # (word, statuses, the blocker: None when it issues, or the counter that counts the stall)
 HAZARDS = [
@@ -120,12 +125,12 @@ HAZARDS = [
     (END, {"load": {"busy": 1}, "store": {"busy": 1}, "weights": {"busy": 1}}, "load"),
     (END, {"store": {"busy": 1}, "stream": {"drained": 0}}, "store"),
     (LOAD_SPAD, {"load": {"busy": 1}}, "load"),
-    (LOAD_SPAD, {"stream": {"busy": 1, "free": 0, "spad_addr": 6, "rows": 2}}, None),
-    (LOAD_SPAD, {"stream": {"busy": 1, "free": 0, "spad_addr": 5, "rows": 2}}, "array"),
-    (LOAD_SPAD, {"stream": {"busy": 0, "spad_addr": 5, "rows": 2}}, None),
-    (LOAD_SPAD, {"weights": {"busy": 1, "spad_addr": 6}}, None),
-    (LOAD_SPAD, {"weights": {"busy": 1, "spad_addr": 3}}, "array"),
-    (LOAD_SPAD, {"weights": {"busy": 1, "spad_addr": 2}}, None),
+    (LOAD_SPAD, {"stream": {"busy": 1, "free": 0, "spad": span(6, 2)}}, None),
+    (LOAD_SPAD, {"stream": {"busy": 1, "free": 0, "spad": span(5, 2)}}, "array"),
+    (LOAD_SPAD, {"stream": {"busy": 0, "spad": span(5, 2)}}, None),
+    (LOAD_SPAD, {"weights": {"busy": 1, "spad": span(6, R)}}, None),
+    (LOAD_SPAD, {"weights": {"busy": 1, "spad": span(3, R)}}, "array"),
+    (LOAD_SPAD, {"weights": {"busy": 1, "spad": span(2, R)}}, None),
     (LOAD_SPAD, {"store": {"busy": 1, "lo": 0x2006, "hi": 0x2100}}, None),
     (LOAD_SPAD, {"store": {"busy": 1, "lo": 0x1F00, "hi": 0x2000}}, None),
     (LOAD_SPAD, {"store": {"busy": 1, "lo": 0x1F00, "hi": 0x2001}}, "store"),
@@ -137,30 +142,30 @@ HAZARDS = [
     (load_quant(4), {"load": {"busy": 1}}, "load"),
     (load_quant(4), {"store": {"busy": 1}}, "store"),
     (load_quant(4), {"weights": {"busy": 1}, "stream": {"drained": 0, "busy": 1}}, None),
-    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 6, "rows": 2}}, None),
-    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 5, "rows": 1}}, "load"),
-    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 3, "rows": 2}}, "load"),
-    (preload(4), {"load": {"busy": 1, "to_spad": 1, "local_addr": 2, "rows": 2}}, None),
-    (preload(4), {"load": {"busy": 1, "to_acc": 1, "local_addr": 4, "rows": 2}}, None),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "spad": span(6, 2)}}, None),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "spad": span(5, 1)}}, "load"),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "spad": span(3, 2)}}, "load"),
+    (preload(4), {"load": {"busy": 1, "to_spad": 1, "spad": span(2, 2)}}, None),
+    (preload(4), {"load": {"busy": 1, "to_acc": 1, "spad": span(4, 2)}}, None),
     (preload(4), {"weights": {"busy": 1}}, "array"),
     (preload(4), {"store": {"busy": 1}, "stream": {"busy": 1, "drained": 0}}, None),
-    (MATMUL, {"load": {"busy": 1, "to_acc": 1, "local_addr": 7}}, "load"),
-    (MATMUL, {"load": {"busy": 1, "to_spad": 1, "local_addr": 7, "rows": 2}}, None),
-    (MATMUL, {"load": {"busy": 1, "to_spad": 1, "local_addr": 6, "rows": 1}}, "load"),
+    (MATMUL, {"load": {"busy": 1, "to_acc": 1, "spad": span(7, 0)}}, "load"),
+    (MATMUL, {"load": {"busy": 1, "to_spad": 1, "spad": span(7, 2)}}, None),
+    (MATMUL, {"load": {"busy": 1, "to_spad": 1, "spad": span(6, 1)}}, "load"),
     (MATMUL, {"stream": {"free": 0, "busy": 1}}, "array"),
     (MATMUL, {"stream": {"full": 1}}, "array"),
     (MATMUL, {"weights": {"busy": 1}}, "array"),
     (MATMUL, {"stream": {"busy": 1, "drained": 0}}, None),    # free: streams right behind
-    (MATMUL, {"store": {"busy": 1, "acc_addr": 5, "rows": 3}}, None),
-    (MATMUL, {"store": {"busy": 1, "acc_addr": 4, "rows": 1}}, "store"),
-    (MATMUL, {"store": {"busy": 0, "acc_addr": 4, "rows": 1}}, None),
+    (MATMUL, {"store": {"busy": 1, "acc": span(5, 3)}}, None),
+    (MATMUL, {"store": {"busy": 1, "acc": span(4, 1)}}, "store"),
+    (MATMUL, {"store": {"busy": 0, "acc": span(4, 1)}}, None),
     (STORE, {"load": {"busy": 1}}, "load"),
     (STORE, {"store": {"busy": 1}}, "store"),
-    (STORE, {"stream": WRITES({"valid": 1, "acc_addr": 5, "rows": 2}, {})}, None),
-    (STORE, {"stream": WRITES({}, {"valid": 1, "acc_addr": 4, "rows": 1})}, "array"),
-    (STORE, {"stream": WRITES({"valid": 1, "acc_addr": 0, "rows": 3}, {})}, "array"),
-    (STORE, {"stream": WRITES({"valid": 0, "acc_addr": 2, "rows": 3}, {})}, None),
-    (store_q(2, 3, 3, 0x3000, 3), {"stream": WRITES({}, {"valid": 1, "acc_addr": 1,
+    (STORE, {"stream": WRITES({"valid": 1, "acc": span(5, 2), "rows": 2}, {})}, None),
+    (STORE, {"stream": WRITES({}, {"valid": 1, "acc": span(4, 1), "rows": 1})}, "array"),
+    (STORE, {"stream": WRITES({"valid": 1, "acc": span(0, 3), "rows": 3}, {})}, "array"),
+    (STORE, {"stream": WRITES({"valid": 0, "acc": span(2, 3), "rows": 3}, {})}, None),
+    (store_q(2, 3, 3, 0x3000, 3), {"stream": WRITES({}, {"valid": 1, "acc": span(1, 2),
                                                           "rows": 2})}, "array"),
     (store_q(2, 3, 3, 0x3000, 3), {"stream": {"busy": 1, "drained": 0}}, None),
 ]
@@ -169,7 +174,8 @@ HAZARDS = [
 def test_hazards():
     """Each row of the hazard table in both ways (overlapping by one row or byte, or just
     apart); a blocked instruction counts one stall in the counter of its first blocker (load
-    before store before array); an issued one goes to its unit alone with its pc, lo, hi."""
+    before store before array); an issued one goes to its unit alone with its pc, lo, hi and
+    row ranges."""
     async def body(ctx, dut):
         await start(ctx, dut)
         for index, (word, statuses, blocker) in enumerate(HAZARDS):
@@ -184,8 +190,12 @@ def test_hazards():
                 assert ctx.get(getattr(dut, unit).cmd.valid) == expected, f"{context}: {unit}"
                 if expected:
                     payload = ctx.get(getattr(dut, unit).cmd.payload)
-                    assert (payload.instr.as_bits(), payload.pc, payload.lo, payload.hi) == \
-                        (word, pc, lo, hi), context
+                    spad, acc = row_ranges(word)
+                    assert (payload.instr.as_bits(), payload.pc, payload.lo, payload.hi,
+                            (payload.spad.lo, payload.spad.hi),
+                            (payload.acc.lo, payload.acc.hi)) == \
+                        (word, pc, lo, hi, (spad["lo"], spad["hi"]),
+                         (acc["lo"], acc["hi"])), context
             await ctx.tick()
             delta = {k: v - before[k] for k, v in counters(ctx, dut).items() if v != before[k]}
             assert delta == ({"instructions": 1} if blocker is None

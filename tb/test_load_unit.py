@@ -39,7 +39,7 @@ def run_load(word, *, accept_at=3, row_cycles=(6, 7, 9), payloads=None, done_at=
             quant = ctx.get(dut.quant.payload)
             trace.append({
                 "busy": (status.busy, status.to_spad, status.to_acc),
-                "local": (status.local_addr, status.rows),
+                "local": (status.spad.lo, status.spad.hi),
                 "cmd": ctx.get(dut.reader.cmd.valid) and command_of(ctx, dut.reader.cmd),
                 "spad": ctx.get(dut.spad.en) and (ctx.get(dut.spad.addr),
                                                    ctx.get(dut.spad.data)),
@@ -78,7 +78,8 @@ def test_load_rows(to_acc):
     assert column(trace, "cmd") == [0, command, command, command] + [0] * 10
     assert column(trace, "busy") == [(0, 0, 0)] + [(1, not to_acc, to_acc)] * 9 + \
         [(0, 0, 0)] * 4
-    assert trace[1]["local"] == (5, 3)
+    # The scratchpad rows it writes, from the command's ``spad`` (empty for a LOAD_ACC).
+    assert trace[1]["local"] == ((0, 0) if to_acc else (5, 8))
     writes = {6: 0, 7: 1, 9: 2}
     if to_acc:
         expected = [writes.get(c) is not None and (5 + writes[c], payloads[writes[c]] &

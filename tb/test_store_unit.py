@@ -62,7 +62,7 @@ def run_store(word, *, lo=0, hi=0, quant=None, cmd_ready_at=1, row_stall=(), don
             row = when(ctx.get(dut.writer.row.valid), ctx.get(dut.writer.row.payload))
             trace.append({
                 "busy": status.busy,
-                "status": (status.acc_addr, status.rows, status.lo, status.hi),
+                "status": (status.acc.lo, status.acc.hi, status.lo, status.hi),
                 "cmd": when(ctx.get(dut.writer.cmd.valid), command_of(ctx, dut.writer.cmd)),
                 "read": when(ctx.get(dut.acc.en), ctx.get(dut.acc.addr)),
                 "row": row,
@@ -70,7 +70,7 @@ def run_store(word, *, lo=0, hi=0, quant=None, cmd_ready_at=1, row_stall=(), don
             })
             if row is not None and cycle not in row_stall:
                 rows_taken += 1
-                if rows_taken == status.rows:
+                if rows_taken == status.acc.hi - status.acc.lo:
                     done_at = cycle + done_after
             await ctx.tick()
             ctx.set(dut.issue.cmd.valid, 0)
@@ -89,7 +89,7 @@ def test_store_rows():
     rows = {3: acc[2], 5: acc[3], 6: acc[3], 7: acc[3], 9: acc[4]}
     assert cycles_of(trace, "row") == {c: pack(row, 4) for c, row in rows.items()}
     assert [t["busy"] for t in trace[:13]] == [0] + [1] * 11 + [0]       # done in cycle 11
-    assert all(t["status"] == (2, 3, lo, hi) for t in trace[1:])
+    assert all(t["status"] == (2, 2 + 3, lo, hi) for t in trace[1:])
     assert not cycles_of(trace, "fault")
 
 

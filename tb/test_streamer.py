@@ -59,7 +59,7 @@ def test_stream_rows(pending):
             ctx.set(dut.issue.cmd.valid, 0)
             if cycle == 0:
                 status = ctx.get(dut.issue.status)
-                assert (status.spad_addr, status.rows, status.macs) == (3, 4, 1 * C)
+                assert (status.spad.lo, status.spad.hi, status.macs) == (3, 3 + 4, 1 * C)
         lanes = [spad[a] & ((1 << 8 * R) - 1) for a in range(3, 7)]
         assert trace == [
             (1, 0, 1, 0, None), (0, 1, 0, 3, None), (0, 1, 0, 4, (lanes[0], pending)),
@@ -131,9 +131,10 @@ def test_random_against_model(seed):
             if reads:
                 assert ctx.get(dut.spad.addr) == reads[0][0] and status.macs == macs, context
             assert act_row(ctx, dut) == last_read, context
-            valid_slots = sorted((w.acc_addr, w.rows, w.accumulate) for w in status.writes
-                                 if w.valid)
-            assert valid_slots == sorted(tuple(s[:3]) for s in slots), context
+            valid_slots = sorted((w.acc.lo, w.acc.hi, w.rows, w.accumulate)
+                                 for w in status.writes if w.valid)
+            assert valid_slots == sorted((s[0], s[0] + s[1], s[1], s[2]) for s in slots), \
+                context
             assert ctx.get(dut.load_acc.busy) == acc_busy, context
             write = (ctx.get(dut.acc.en), ctx.get(dut.acc.addr), ctx.get(dut.acc.accumulate),
                      list(ctx.get(dut.acc.data)))

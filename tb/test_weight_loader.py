@@ -32,7 +32,7 @@ def run_loader(config, events, cycles, seed):
             event = events.get(cycle, ())
             ctx.set(dut.issue.cmd.valid, 0)
             if event[:1] == ("preload",):
-                offer(ctx, dut.issue.cmd, preload(event[1]))
+                offer(ctx, dut.issue.cmd, preload(event[1]), config=config)
             ctx.set(dut.commit.take, event == ("take",))
             trace.append((
                 ctx.get(dut.issue.status.busy),
@@ -41,7 +41,8 @@ def run_loader(config, events, cycles, seed):
                 ctx.get(dut.commit.pending)))
             await ctx.tick()
             if event[:1] == ("preload",):
-                assert ctx.get(dut.issue.status.spad_addr) == event[1]
+                spad = ctx.get(dut.issue.status.spad)
+                assert (spad.lo, spad.hi) == (event[1], event[1] + config.rows)
 
     run_simulation(harness, testbench)
     return rows, trace
