@@ -104,7 +104,7 @@ class Fetcher(wiring.Component):
         refetch = Signal()           # a store over the program: refetch after it
         reader_busy = Signal()
         reader_is_load = Signal()    # the command in the reader is the load unit's
-        m.d.comb += [control.refetch.eq(refetch), control.reader_busy.eq(reader_busy)]
+        m.d.comb += control.refetch.eq(refetch)
 
         prog_end = Signal(34)
         m.d.comb += prog_end.eq(control.prog_addr + control.prog_len * INSTR_BYTES)
@@ -127,6 +127,8 @@ class Fetcher(wiring.Component):
         offered_load = Signal()
         m.d.sync += [offered.eq(reader.cmd.valid & ~reader.cmd.ready),
                      offered_load.eq(grant_load)]
+        # END and a stop wait for it as for a command the reader runs.
+        m.d.comb += control.reader_busy.eq(reader_busy | offered)
         with m.If(offered):
             m.d.comb += [grant_fetch.eq(~offered_load), grant_load.eq(offered_load)]
         with m.Elif(~reader_busy & ~control.halt):
