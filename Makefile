@@ -27,7 +27,7 @@ help:
 	@echo "make demo                the digits CNN on the NPU under Verilator -> docs/demo.md"
 	@echo "make bench               utilization sweep and simulator speed -> docs/performance.md"
 	@echo "make coverage            line and toggle coverage of hw/ from the Verilator RTL tests -> docs/verification.md"
-	@echo "make formal              bounded formal proofs of PE, array and DMA (formal/)"
+	@echo "make formal              bounded formal proofs of PE, array, DMA and the instruction queue (formal/)"
 	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F   ECP5 synthesis + place and route -> build/fpga/*/report.json"
 	@echo "make fpga-report         the ECP5 flow for FPGA_CONFIGS ($(FPGA_CONFIGS)) -> docs/fpga.md"
 	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC   a ULX3S bitstream (amaranth-boards)"

@@ -8,6 +8,7 @@ code under proof.
 
 from amaranth.hdl import Module, Mux, Signal, signed
 
+from hw.controller.fetcher import Fetcher
 from hw.dma import DMA
 from hw.pe import PE
 from hw.systolic import SystolicArray
@@ -17,6 +18,7 @@ __all__ = [
     "PEUnsignedActivation", "PELateCommit",
     "ArrayWithPE", "ArrayMissingSkewRegister", "ArrayShortAlignment",
     "DMADropsARValid", "DMAUnstableWData", "DMAIgnores4K", "DMAWLastStuck",
+    "FetcherHighWaterPlusOne",
 ]
 
 
@@ -173,3 +175,10 @@ class DMAIgnores4K(DMA):
         m.d.comb += length.eq(Mux(beats_left <= 256, beats_left, 256))
         return (length, (length - 1)[:8], length == beats_left,
                 (beat_addr + (length << lg))[:32], beats_left - length)
+
+
+# ------------------------------------------------------------------------------------ fetcher
+
+class FetcherHighWaterPlusOne(Fetcher):
+    """Asks for a batch with one word more held than leaves room for all of it."""
+    high_water = Fetcher.high_water + 1

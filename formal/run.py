@@ -24,6 +24,7 @@ from typing import Callable, Optional
 from . import mutants
 from .dma_props import BurstSplitProperties, DMAProperties
 from .engine import available_solver, prove
+from .fetcher_props import FetcherProperties
 from .pe_props import PEProperties
 from .systolic_props import SystolicProperties
 
@@ -80,6 +81,10 @@ CHECKS = [
     Check("dma_burst_split_128", lambda: BurstSplitProperties(128), depth=1, quick_depth=1),
     Check("dma_axi", lambda: DMAProperties(), depth=30, quick_depth=12),
     Check("dma_axi", lambda: DMAProperties(), depth=12, quick_depth=12, mode="cover"),
+    # 4. The controller's instruction queue never overflows (the least depth that fills it,
+    # and that catches the mutant, is 24).
+    Check("fetcher_queue", lambda: FetcherProperties(), depth=24, quick_depth=24),
+    Check("fetcher_queue", lambda: FetcherProperties(), depth=24, quick_depth=24, mode="cover"),
     # The unmutated copies that the mutants are made from must pass, or a caught mutant
     # could be a difference between the copy and the real block.
     Check("copy:pe", lambda: PEProperties(mutants._PEVariant()), depth=12, quick_depth=12),
@@ -114,6 +119,9 @@ CHECKS = [
     Check("mutant:dma_axi_unstable_wdata",
           lambda: DMAProperties(dma_class=mutants.DMAUnstableWData),
           depth=12, quick_depth=12, expect="FAIL", failure="bus.wvalid, bus.wready"),
+    Check("mutant:fetcher_queue_high_water_plus_one",
+          lambda: FetcherProperties(mutants.FetcherHighWaterPlusOne),
+          depth=24, quick_depth=24, expect="FAIL", failure="held + word_in - words.taken"),
     Check("mutant:dma_axi_wlast_stuck", lambda: DMAProperties(dma_class=mutants.DMAWLastStuck),
           depth=12, quick_depth=12, expect="FAIL",
           failure="bus.wlast == (beats_sent == burst_len)"),

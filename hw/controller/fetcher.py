@@ -78,6 +78,10 @@ class Fetcher(wiring.Component):
     words : Out(WordsSignature())
         To the decoder.
     """
+    #: The most words held when a batch is asked for (a class attribute so that
+    #: ``formal/`` can break it in a mutant).
+    high_water = FETCH_HIGH_WATER
+
     def __init__(self, *, read_row_bytes):
         self.read_row_bytes = read_row_bytes
         super().__init__({
@@ -119,7 +123,7 @@ class Fetcher(wiring.Component):
         with m.Else():
             m.d.comb += fetch_rows.eq(control.prog_len - fetch_pc)
         fetch_want = (control.enable & ~refetch & ~fetch_stop &
-                      (fetch_pc != control.prog_len) & (held <= FETCH_HIGH_WATER))
+                      (fetch_pc != control.prog_len) & (held <= self.high_water))
         grant_fetch = Signal()
         grant_load = Signal()
         # A command offered and not yet taken stays offered, unchanged (the stream's rule).
