@@ -21,7 +21,6 @@ timing paths of the NPU start and end at flip-flops of one clock: nextpnr's Fmax
 
 from amaranth.hdl import (Cat, ClockDomain, ClockSignal, Const, Instance, Module, ResetSignal,
                           Signal)
-from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -64,9 +63,8 @@ class ScanHarness(wiring.Component):
         # Constant members (the ready of an always-ready stream) are no ports at all.
         ports = [(value, direction) for value, direction in top_ports(design).values()
                  if not isinstance(value, Const)]
-        self.inputs = [value for value, direction in ports if direction == PortDirection.Input]
-        self.outputs = [value for value, direction in ports
-                        if direction == PortDirection.Output]
+        self.inputs = [value for value, direction in ports if direction == "input"]
+        self.outputs = [value for value, direction in ports if direction == "output"]
         members = {"clk": In(1), "rst": In(1)} if own_clock else {}
         super().__init__({**members, "scan_in": In(1), "scan_capture": In(1),
                           "scan_out": Out(1)})

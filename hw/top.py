@@ -4,7 +4,6 @@ import re
 
 from amaranth.back import verilog
 from amaranth.hdl import Module, ResetInserter, Signal, Value
-from amaranth.hdl._ir import PortDirection  # the public `ports=` dict takes these
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -19,7 +18,8 @@ from .scratchpad import Scratchpad
 from .systolic import SystolicArray
 
 
-__all__ = ["NPU", "enforce_assertions", "generate_verilog", "reader_row_bytes", "top_ports"]
+__all__ = ["NPU", "convert", "enforce_assertions", "generate_verilog", "reader_row_bytes",
+           "top_ports"]
 
 
 def reader_row_bytes(config):
@@ -120,14 +120,34 @@ class NPU(wiring.Component):
         return m
 
 
-def top_ports(npu):
-    """Top-level ports named the AXI way: ``m_axi_awaddr``, ``s_axil_rdata``, ``irq``."""
+def top_ports(component):
+    """Top-level ports of ``component`` named the AXI way (``m_axi_awaddr``, ``s_axil_rdata``,
+    ``irq``): name -> ``(value, "input" or "output")``, by the member's flow."""
     ports = {}
-    for path, member, value in npu.signature.flatten(npu):
+    for path, member, value in component.signature.flatten(component):
         name = "_".join(str(part) for part in path)
-        direction = PortDirection.Output if member.flow == Out else PortDirection.Input
-        ports[name] = (Value.cast(value), direction)
+        ports[name] = (Value.cast(value), "output" if member.flow == Out else "input")
     return ports
+
+
+def convert(component, *, name, emit_src=False, **kwargs):
+    """``amaranth.back.verilog.convert`` of ``component`` with its ports named by
+    :func:`top_ports`. Amaranth's public ``ports=`` form leaves each direction to inference
+    (an input is what nothing inside drives); an output member that nothing drives would
+    become an input, so the directions written are checked against the members' flows."""
+    ports = top_ports(component)
+    text = verilog.convert(component, name=name, emit_src=emit_src, **kwargs,
+                           ports={port: (value, None) for port, (value, _) in ports.items()})
+    module = text[text.index(f"module {name}("):]
+    module = module[:module.index("endmodule")]
+    declared = {port: direction for direction, port in re.findall(
+        r"^\s*(input|output)\s+(?:signed\s+)?(?:\[[^\]]*\]\s*)?\\?([\w$.]+)\s*;",
+        module, re.M)}
+    for port, (_, direction) in ports.items():
+        if port in declared and declared[port] != direction:
+            raise ValueError(f"port {port} of {name} would be an {declared[port]}, but its "
+                             f"member is an {direction}: nothing drives it")
+    return text
 
 
 # Yosys writes an Amaranth ``Assert`` as ``if (!c) $write(message); assert (c);`` in a clocked
@@ -150,6 +170,4 @@ def enforce_assertions(text):
 def generate_verilog(config, *, name="npu_top"):
     """Verilog text of the NPU for ``config``: ports ``clk``, ``rst``, ``irq``, ``m_axi_*``,
     ``s_axil_*``."""
-    npu = NPU(config)
-    return enforce_assertions(
-        verilog.convert(npu, name=name, ports=top_ports(npu), emit_src=False))
+    return enforce_assertions(convert(NPU(config), name=name))

@@ -23,13 +23,12 @@ inputs at all.
 
 import os
 
-from amaranth.back import verilog
 from amaranth.hdl import ClockDomain, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.config import NPUConfig
-from hw.top import NPU, enforce_assertions, top_ports
+from hw.top import NPU, convert, enforce_assertions, top_ports
 from .axi_checker import AXI4Checker, Rule
 from .dram import DramControlSignature, HDLDram
 
@@ -159,8 +158,7 @@ def generate_bench_verilog(config, *, name, dram=DRAM_MODELS[0], dram_bytes=None
     process and operator carries the Amaranth line it comes from (``(* src = ... *)``; the
     coverage build, which ``sim/coverage.py`` maps back to ``hw/`` with them)."""
     bench = NPUBench(config, dram=dram, dram_bytes=dram_bytes)
-    ports = top_ports(bench)
-    text = verilog.convert(bench, name=name, ports=ports, emit_src=emit_src)
-    return enforce_assertions(text), {port: "output" if direction == direction.Output else "input"
-                  for port, (value, direction) in ports.items()}
+    text = convert(bench, name=name, emit_src=emit_src)
+    return enforce_assertions(text), {port: direction
+                                      for port, (_, direction) in top_ports(bench).items()}
 

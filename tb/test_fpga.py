@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from amaranth.back import verilog
 from amaranth.hdl import Elaboratable, Module, Signal, signed
-from amaranth.hdl._ir import PortDirection
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
 
@@ -75,9 +74,9 @@ def _run_pair(pair, tmp_path):
     """Convert ``pair`` for ECP5 and run it under Icarus with the DSP model and
     :data:`_BENCH`; returns the Verilog and the finished ``vvp`` process."""
     text = verilog.convert(pair, name="pair", platform=ECP5Target(),
-                           ports={"mismatch": (pair.mismatch, PortDirection.Output),
-                                  "results": (pair.results, PortDirection.Output),
-                                  "done": (pair.done, PortDirection.Output)},
+                           ports={"mismatch": (pair.mismatch, None),    # outputs, by
+                                  "results": (pair.results, None),      # inference: the
+                                  "done": (pair.done, None)},           # pair drives them
                            emit_src=False)
     (tmp_path / "pair.v").write_text(text)
     (tmp_path / "bench.v").write_text(_BENCH)

@@ -54,3 +54,27 @@ def test_verilator_lint(verilog_file):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "%Error" not in result.stderr and "%Warning" not in result.stderr, result.stderr
+
+
+def test_convert_refuses_an_output_that_nothing_drives():
+    """hw.top.convert names ports with Amaranth's public ``ports=`` form, which infers each
+    direction; an output member that nothing drives would silently become an input."""
+    from amaranth.hdl import Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from hw.top import convert
+
+    class Block(wiring.Component):
+        a: In(4)
+        b: Out(4)
+        c: Out(1)
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.comb += self.b.eq(self.a)
+            return m
+
+    with pytest.raises(ValueError, match="port c of block would be an input, but its member "
+                                         "is an output"):
+        convert(Block(), name="block")
