@@ -257,7 +257,7 @@ _STATIC = """\
   but it makes every scratchpad and accumulator read a cycle longer, which changes the
   timing of plain programs (MATMUL, PRELOAD, STORE); so would the DMA's row shifters spread
   over two or three cycles. 150 MHz needs those changes in the design's own timing
-  (`hw/controller/`, `hw/dma.py`, `hw/scratchpad.py`, `hw/accumulator.py`), which `fpga/`
+  (`hw/controller/`, `hw/dma/`, `hw/scratchpad.py`, `hw/accumulator.py`), which `fpga/`
   does not make.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial

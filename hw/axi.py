@@ -12,7 +12,8 @@ from amaranth.lib.wiring import In, Out
 from .config import BUS_WIDTHS
 
 
-__all__ = ["Burst", "Resp", "AXI4Signature", "AXI4LiteSignature"]
+__all__ = ["Burst", "Resp", "AXI4Signature", "AXI4ReadSignature", "AXI4WriteSignature",
+           "AXI4LiteSignature"]
 
 
 class Burst(enum.Enum, shape=2):
@@ -28,8 +29,64 @@ class Resp(enum.Enum, shape=2):
     DECERR = 3
 
 
+def _write_members(addr_width, data_width, id_width):
+    return {
+        # Write address channel
+        "awid":    Out(id_width),
+        "awaddr":  Out(addr_width),
+        "awlen":   Out(8),
+        "awsize":  Out(3),
+        "awburst": Out(2),
+        "awlock":  Out(1),
+        "awcache": Out(4),
+        "awprot":  Out(3),
+        "awvalid": Out(1),
+        "awready": In(1),
+        # Write data channel
+        "wdata":   Out(data_width),
+        "wstrb":   Out(data_width // 8),
+        "wlast":   Out(1),
+        "wvalid":  Out(1),
+        "wready":  In(1),
+        # Write response channel
+        "bid":     In(id_width),
+        "bresp":   In(2),
+        "bvalid":  In(1),
+        "bready":  Out(1),
+    }
+
+
+def _read_members(addr_width, data_width, id_width):
+    return {
+        # Read address channel
+        "arid":    Out(id_width),
+        "araddr":  Out(addr_width),
+        "arlen":   Out(8),
+        "arsize":  Out(3),
+        "arburst": Out(2),
+        "arlock":  Out(1),
+        "arcache": Out(4),
+        "arprot":  Out(3),
+        "arvalid": Out(1),
+        "arready": In(1),
+        # Read data channel
+        "rid":     In(id_width),
+        "rdata":   In(data_width),
+        "rresp":   In(2),
+        "rlast":   In(1),
+        "rvalid":  In(1),
+        "rready":  Out(1),
+    }
+
+
+def _check_data_width(data_width):
+    if data_width not in BUS_WIDTHS:
+        raise ValueError(f"data_width must be one of {', '.join(map(str, BUS_WIDTHS))}, "
+                         f"not {data_width!r}")
+
+
 class AXI4Signature(wiring.Signature):
-    """AXI4 manager interface (INCR bursts, one ID).
+    """AXI4 manager interface (INCR bursts, one ID): the write channels, then the read ones.
 
     Parameters
     ----------
@@ -41,54 +98,30 @@ class AXI4Signature(wiring.Signature):
         Width of the ID signals.
     """
     def __init__(self, *, addr_width, data_width, id_width=1):
-        if data_width not in BUS_WIDTHS:
-            raise ValueError(f"data_width must be one of {', '.join(map(str, BUS_WIDTHS))}, "
-                             f"not {data_width!r}")
+        _check_data_width(data_width)
         self.addr_width = addr_width
         self.data_width = data_width
         self.id_width = id_width
-        super().__init__({
-            # Write address channel
-            "awid":    Out(id_width),
-            "awaddr":  Out(addr_width),
-            "awlen":   Out(8),
-            "awsize":  Out(3),
-            "awburst": Out(2),
-            "awlock":  Out(1),
-            "awcache": Out(4),
-            "awprot":  Out(3),
-            "awvalid": Out(1),
-            "awready": In(1),
-            # Write data channel
-            "wdata":   Out(data_width),
-            "wstrb":   Out(data_width // 8),
-            "wlast":   Out(1),
-            "wvalid":  Out(1),
-            "wready":  In(1),
-            # Write response channel
-            "bid":     In(id_width),
-            "bresp":   In(2),
-            "bvalid":  In(1),
-            "bready":  Out(1),
-            # Read address channel
-            "arid":    Out(id_width),
-            "araddr":  Out(addr_width),
-            "arlen":   Out(8),
-            "arsize":  Out(3),
-            "arburst": Out(2),
-            "arlock":  Out(1),
-            "arcache": Out(4),
-            "arprot":  Out(3),
-            "arvalid": Out(1),
-            "arready": In(1),
-            # Read data channel
-            "rid":     In(id_width),
-            "rdata":   In(data_width),
-            "rresp":   In(2),
-            "rlast":   In(1),
-            "rvalid":  In(1),
-            "rready":  Out(1),
-        })
+        super().__init__({**_write_members(addr_width, data_width, id_width),
+                          **_read_members(addr_width, data_width, id_width)})
+
+
+class AXI4ReadSignature(wiring.Signature):
+    """The read channels (``ar*``, ``r*``) of :class:`AXI4Signature`, for a read-only
+    manager; the parameters are the same."""
+    def __init__(self, *, addr_width, data_width, id_width=1):
+        _check_data_width(data_width)
+        self.addr_width, self.data_width, self.id_width = addr_width, data_width, id_width
+        super().__init__(_read_members(addr_width, data_width, id_width))
+
+
+class AXI4WriteSignature(wiring.Signature):
+    """The write channels (``aw*``, ``w*``, ``b*``) of :class:`AXI4Signature`, for a
+    write-only manager; the parameters are the same."""
+    def __init__(self, *, addr_width, data_width, id_width=1):
+        _check_data_width(data_width)
+        self.addr_width, self.data_width, self.id_width = addr_width, data_width, id_width
+        super().__init__(_write_members(addr_width, data_width, id_width))
 
 
 class AXI4LiteSignature(wiring.Signature):

@@ -1,7 +1,7 @@
 """The cycle model: how many cycles a program takes on the RTL, and its performance counters.
 
 :func:`predict` runs a program's instructions through a model of the controller's timing
-(``hw/controller/``) and of the DMA engine (``hw/dma.py``), one clock cycle at a time, and
+(``hw/controller/``) and of the DMA engine (``hw/dma/``), one clock cycle at a time, and
 returns the cycle count and the counters the hardware reports (:data:`hw.isa.PERF_COUNTERS`)
 without computing any data. It follows the RTL register for register where timing is
 decided: the fetcher, the decoder's stages and instruction queue, the issue stage's hazard

@@ -1,0 +1,191 @@
+"""The DMA's reader: 2-D strided blocks from DRAM into rows, on the AXI4 read channels."""
+
+from functools import partial
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..axi import AXI4ReadSignature, Burst, Resp
+from .bursts import (MAX_READS_OUTSTANDING, BlockCommand, ceil_div, next_burst,
+                     row_geometry)
+
+
+__all__ = ["DMAReader"]
+
+
+class DMAReader(wiring.Component):
+    """Reads blocks (:class:`~hw.dma.bursts.BlockCommand`) into rows of ``row_bytes``.
+
+    It walks a block's rows and bursts on the address channel ahead of the data, at most
+    :data:`~hw.dma.bursts.MAX_READS_OUTSTANDING` bursts outstanding, collects each row's
+    beats and shifts the row into place; bytes past ``row_bytes`` read as zero. ``rlast``
+    is checked against each burst's ``arlen``; see :class:`~hw.dma.DMA` for what a broken
+    slave gets.
+
+    Attributes
+    ----------
+    bus : Out(AXI4ReadSignature)
+    cmd : In(stream.Signature(BlockCommand))
+        Accepted when the reader is idle.
+    row : Out(stream.Signature(8 * row_bytes, always_ready=True))
+    done, error : Out(1)
+        As ``read_done`` and ``read_error`` of :class:`~hw.dma.DMA`.
+    idle : Out(1)
+        No command runs and no burst is outstanding.
+    """
+    def __init__(self, *, data_width, row_bytes, addr_width=32, geometry=None):
+        self.data_width = data_width
+        self.bus_bytes = data_width // 8
+        self.row_bytes = row_bytes
+        # The row and burst geometry: the DMA passes itself (formal/ mutants override its
+        # methods); alone, the functions of hw.dma.bursts.
+        self._row_geometry = (geometry._row_geometry if geometry is not None
+                              else partial(row_geometry, self.bus_bytes))
+        self._next_burst = (geometry._next_burst if geometry is not None
+                            else partial(next_burst, self.bus_bytes))
+        super().__init__({
+            "bus":   Out(AXI4ReadSignature(addr_width=addr_width, data_width=data_width)),
+            "cmd":   In(stream.Signature(BlockCommand)),
+            "row":   Out(stream.Signature(8 * row_bytes, always_ready=True)),
+            "done":  Out(1),
+            "error": Out(1),
+            "idle":  Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        bus_bytes = self.bus_bytes
+        lg = bus_bytes.bit_length() - 1
+        m.d.comb += [bus.arsize.eq(lg), bus.arburst.eq(Burst.INCR), bus.arid.eq(0)]
+
+        read_words = ceil_div(self.row_bytes + bus_bytes - 1, bus_bytes)
+
+        ar_active = Signal()
+        ar_row_addr = Signal(32)
+        ar_rows_left = Signal(16)
+        ar_beat_addr = Signal(32)
+        ar_beats_left = Signal(17)
+        r_active = Signal()
+        r_row_addr = Signal(32)
+        r_rows_left = Signal(16)
+        r_beat = Signal(17)
+        r_error = Signal()
+        r_abort = Signal()          # a framing error: drain the bursts asked for, then end
+        r_burst_beat = Signal(8)    # beat within the burst at the head of read_lengths
+        row_bytes = Signal(16)
+        stride = Signal(32)
+        buffer = Signal(data.ArrayLayout(self.data_width, read_words))
+        emit = Signal()
+        emit_last = Signal()
+        emit_offset = Signal(range(bus_bytes))
+
+        m.d.comb += self.cmd.ready.eq(~ar_active & ~r_active & ~emit)
+
+        cmd = self.cmd.payload
+        first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [
+                ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
+                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
+                r_active.eq(1), r_row_addr.eq(cmd.addr), r_rows_left.eq(cmd.rows),
+                r_beat.eq(0), r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
+                row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
+            ]
+
+        # The arlen of every burst asked for and not yet received, oldest first: its depth
+        # bounds the reads outstanding.
+        m.submodules.read_lengths = lengths = fifo.SyncFIFO(width=8,
+                                                            depth=MAX_READS_OUTSTANDING)
+
+        # Address side: walks the rows and their bursts, ahead of the data.
+        ar_next_row = ar_row_addr + stride
+        ar_next_aligned, _, ar_next_beats = self._row_geometry(m, ar_next_row[:32], row_bytes,
+                                                               "rd_next")
+        ar_len, ar_len_minus_one, ar_last, ar_after_addr, ar_after_left = self._next_burst(
+            m, ar_beat_addr, ar_beats_left, "rd")
+        m.d.comb += [
+            bus.araddr.eq(ar_beat_addr),
+            bus.arlen.eq(ar_len_minus_one),
+            # The queue only fills at a handshake, so an address offered stays offered.
+            bus.arvalid.eq(ar_active & lengths.w_rdy),
+            lengths.w_en.eq(bus.arvalid & bus.arready),
+            lengths.w_data.eq(ar_len_minus_one),
+        ]
+        with m.If(bus.arvalid & bus.arready):
+            m.d.sync += [
+                ar_beat_addr.eq(ar_after_addr),
+                ar_beats_left.eq(ar_after_left),
+            ]
+            with m.If(ar_last):
+                m.d.sync += [
+                    ar_rows_left.eq(ar_rows_left - 1),
+                    ar_row_addr.eq(ar_next_row),
+                    ar_beat_addr.eq(ar_next_aligned),
+                    ar_beats_left.eq(ar_next_beats),
+                ]
+                with m.If(ar_rows_left == 1):
+                    m.d.sync += ar_active.eq(0)
+            with m.If(r_abort):
+                m.d.sync += ar_active.eq(0)
+        with m.Elif(r_active & r_abort & ~bus.arvalid):
+            # After a framing error no more addresses; one offered goes first (AXI A3.2.1).
+            m.d.sync += ar_active.eq(0)
+
+        # Framing: each beat against the head of read_lengths. A burst ends at its rlast or
+        # at its last beat asked, whichever comes first, so a broken slave is drained too.
+        r_fire = bus.rvalid & bus.rready
+        asked_last = Signal()
+        m.d.comb += asked_last.eq(r_burst_beat == lengths.r_data)
+        burst_end = r_fire & lengths.r_rdy & (bus.rlast | asked_last)
+        m.d.comb += [
+            # Never low: every beat is taken at once (see MAX_READS_OUTSTANDING), and a beat
+            # no burst asked for is dropped rather than left to block the channel.
+            bus.rready.eq(1),
+            lengths.r_en.eq(burst_end),
+        ]
+        with m.If(r_fire & lengths.r_rdy):
+            m.d.sync += r_burst_beat.eq(r_burst_beat + 1)
+            with m.If(burst_end):
+                m.d.sync += r_burst_beat.eq(0)
+        with m.If(r_active & r_fire & (~lengths.r_rdy | (bus.rlast != asked_last))):
+            m.d.sync += [r_abort.eq(1), r_error.eq(1)]
+        drained = Signal()
+        m.d.comb += drained.eq(r_active & r_abort & ~ar_active & ~lengths.r_rdy)
+        with m.If(drained):
+            m.d.sync += r_active.eq(0)
+
+        # Data side: walks the same rows, collecting each row's beats into the buffer.
+        _, r_offset, r_beats = self._row_geometry(m, r_row_addr, row_bytes, "rd_data")
+        m.d.sync += emit.eq(0)
+        with m.If(r_fire & lengths.r_rdy & ~r_abort):
+            m.d.sync += buffer[r_beat].eq(bus.rdata)
+            with m.If((bus.rresp == Resp.SLVERR) | (bus.rresp == Resp.DECERR)):
+                m.d.sync += r_error.eq(1)
+            m.d.sync += r_beat.eq(r_beat + 1)
+            with m.If(r_beat == r_beats - 1):
+                m.d.sync += [
+                    emit.eq(1),
+                    emit_offset.eq(r_offset),
+                    emit_last.eq(r_rows_left == 1),
+                    r_beat.eq(0),
+                    r_rows_left.eq(r_rows_left - 1),
+                    r_row_addr.eq(r_row_addr + stride),
+                ]
+                with m.If(r_rows_left == 1):
+                    m.d.sync += r_active.eq(0)
+
+        shifted = Signal(8 * self.row_bytes)
+        m.d.comb += shifted.eq(buffer.as_value() >> (emit_offset * 8))
+        for byte in range(self.row_bytes):
+            with m.If(byte < row_bytes):
+                m.d.comb += self.row.payload[8 * byte:8 * byte + 8].eq(
+                    shifted[8 * byte:8 * byte + 8])
+        m.d.comb += [
+            self.row.valid.eq(emit & ~r_error),
+            self.done.eq((emit & emit_last) | drained),
+            self.error.eq(r_error),
+        ]
+        m.d.comb += self.idle.eq(~ar_active & ~r_active & ~emit)
+        return m

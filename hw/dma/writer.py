@@ -1,0 +1,190 @@
+"""The DMA's writer: rows to 2-D strided blocks in DRAM, on the AXI4 write channels."""
+
+from functools import partial
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..axi import AXI4WriteSignature, Burst, Resp
+from .bursts import BlockCommand, ceil_div, next_burst, row_geometry
+
+
+__all__ = ["DMAWriter"]
+
+
+class DMAWriter(wiring.Component):
+    """Writes rows of ``row_bytes`` to blocks (:class:`~hw.dma.bursts.BlockCommand`).
+
+    Each row is shifted onto the bus beats and masked with ``wstrb``; a burst's data goes
+    only after its address; the command ends when every response is back. A row offered
+    while the one before is written waits in a buffer, so the next row's address goes out
+    right after the last beat of the one before.
+
+    Attributes
+    ----------
+    bus : Out(AXI4WriteSignature)
+    cmd : In(stream.Signature(BlockCommand))
+        Accepted when the writer is idle.
+    row : In(stream.Signature(8 * row_bytes))
+    done, error : Out(1)
+        As ``write_done`` and ``write_error`` of :class:`~hw.dma.DMA`.
+    idle : Out(1)
+        No command runs and no response is awaited.
+    """
+    def __init__(self, *, data_width, row_bytes, addr_width=32, geometry=None):
+        self.data_width = data_width
+        self.bus_bytes = data_width // 8
+        self.row_bytes = row_bytes
+        # The row and burst geometry: the DMA passes itself (formal/ mutants override its
+        # methods); alone, the functions of hw.dma.bursts.
+        self._row_geometry = (geometry._row_geometry if geometry is not None
+                              else partial(row_geometry, self.bus_bytes))
+        self._next_burst = (geometry._next_burst if geometry is not None
+                            else partial(next_burst, self.bus_bytes))
+        super().__init__({
+            "bus":   Out(AXI4WriteSignature(addr_width=addr_width, data_width=data_width)),
+            "cmd":   In(stream.Signature(BlockCommand)),
+            "row":   In(stream.Signature(8 * row_bytes)),
+            "done":  Out(1),
+            "error": Out(1),
+            "idle":  Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.bus
+        bus_bytes = self.bus_bytes
+        lg = bus_bytes.bit_length() - 1
+        m.d.comb += [bus.awsize.eq(lg), bus.awburst.eq(Burst.INCR), bus.awid.eq(0)]
+
+        write_words = ceil_div(self.row_bytes + bus_bytes - 1, bus_bytes)
+        w_row_addr = Signal(32)
+        w_rows_left = Signal(16)
+        w_row_bytes = Signal(16)
+        w_stride = Signal(32)
+        w_beat_addr = Signal(32)
+        w_beats_left = Signal(17)
+        w_beat = Signal(17)          # beat within the row
+        w_burst_beat = Signal(9)     # beat within the burst
+        w_burst_len = Signal(range(257))
+        w_data = Signal(data.ArrayLayout(self.data_width, write_words))
+        w_strb = Signal(data.ArrayLayout(bus_bytes, write_words))
+        w_outstanding = Signal(20)   # bursts whose last beat went, awaiting their response
+        w_error = Signal()
+
+        # A row waiting while the row before it is written: the next row's address goes out
+        # right after the last beat of the one before, without a cycle to take the row.
+        next_row = Signal(8 * self.row_bytes)
+        next_valid = Signal()
+
+        wcmd = self.cmd.payload
+        # The row to load: the buffered one, else the one offered; at the address of the row
+        # the writer is at (in ROW) or of the next one (at the end of a row, in DATA).
+        load_addr = Signal(32)
+        w_next_row = Signal(32)
+        m.d.comb += w_next_row.eq(w_row_addr + w_stride)
+        load_row = Signal(8 * self.row_bytes)
+        m.d.comb += load_row.eq(Mux(next_valid, next_row, self.row.payload))
+        w_aligned, w_offset, w_beats = self._row_geometry(m, load_addr, w_row_bytes, "wr")
+        w_len, w_len_minus_one, _, w_after_addr, w_after_left = self._next_burst(
+            m, w_beat_addr, w_beats_left, "wr")
+
+        byte_mask = Signal(self.row_bytes)
+        for byte in range(self.row_bytes):
+            m.d.comb += byte_mask[byte].eq(byte < w_row_bytes)
+
+        # A burst awaits its response from its last W beat on (a response before it is as
+        # spurious as one with no burst at all); a spurious one is not counted.
+        burst_sent = bus.wvalid & bus.wready & bus.wlast
+        b_fire = bus.bvalid & bus.bready
+        b_awaited = w_outstanding != 0
+        m.d.comb += bus.bready.eq(1)
+        with m.If(burst_sent & ~(b_fire & b_awaited)):
+            m.d.sync += w_outstanding.eq(w_outstanding + 1)
+        with m.Elif(b_fire & b_awaited & ~burst_sent):
+            m.d.sync += w_outstanding.eq(w_outstanding - 1)
+        with m.If(b_fire & ((bus.bresp == Resp.SLVERR) | (bus.bresp == Resp.DECERR))):
+            m.d.sync += w_error.eq(1)
+        m.d.comb += self.error.eq(w_error)
+
+        m.d.comb += [
+            bus.awaddr.eq(w_beat_addr),
+            bus.awlen.eq(w_len_minus_one),
+            bus.wdata.eq(w_data[w_beat]),
+            bus.wstrb.eq(w_strb[w_beat]),
+            bus.wlast.eq(w_burst_beat == w_burst_len - 1),
+        ]
+
+        def load():
+            # Start writing load_row, at load_addr: it is shifted onto the bus beats.
+            m.d.sync += [
+                w_data.eq(load_row << (w_offset * 8)),
+                w_strb.eq(byte_mask << w_offset),
+                w_beat_addr.eq(w_aligned),
+                w_beats_left.eq(w_beats),
+                w_beat.eq(0),
+                next_valid.eq(0),
+            ]
+            m.next = "ADDRESS"
+
+        with m.FSM(name="writer") as writer_fsm:
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    m.d.sync += [
+                        w_row_addr.eq(wcmd.addr), w_rows_left.eq(wcmd.rows),
+                        w_row_bytes.eq(wcmd.row_bytes), w_stride.eq(wcmd.stride),
+                        w_error.eq(0),
+                    ]
+                    m.next = "ROW"
+            with m.State("ROW"):
+                m.d.comb += [self.row.ready.eq(~next_valid), load_addr.eq(w_row_addr)]
+                with m.If(next_valid | self.row.valid):
+                    load()
+            with m.State("ADDRESS"):
+                m.d.comb += [bus.awvalid.eq(1), self.row.ready.eq(~next_valid)]
+                m.d.sync += w_burst_len.eq(w_len)
+                with m.If(bus.awready):
+                    m.d.sync += [
+                        w_beat_addr.eq(w_after_addr),
+                        w_beats_left.eq(w_after_left),
+                        w_burst_beat.eq(0),
+                    ]
+                    m.next = "DATA"
+            with m.State("DATA"):
+                m.d.comb += [bus.wvalid.eq(1), self.row.ready.eq(~next_valid),
+                             load_addr.eq(w_next_row)]
+                with m.If(bus.wready):
+                    m.d.sync += [
+                        w_beat.eq(w_beat + 1),
+                        w_burst_beat.eq(w_burst_beat + 1),
+                    ]
+                    with m.If(bus.wlast):
+                        with m.If(w_beats_left != 0):
+                            m.next = "ADDRESS"
+                        with m.Elif(w_rows_left == 1):
+                            m.next = "RESPONSES"
+                        with m.Else():
+                            m.d.sync += [
+                                w_rows_left.eq(w_rows_left - 1),
+                                w_row_addr.eq(w_next_row),
+                            ]
+                            with m.If(next_valid):
+                                load()
+                            with m.Else():
+                                m.next = "ROW"
+            with m.State("RESPONSES"):
+                with m.If(w_outstanding == 0):
+                    m.d.comb += self.done.eq(1)
+                    m.next = "IDLE"
+
+        with m.If(b_fire & ~b_awaited & ~writer_fsm.ongoing("IDLE")):
+            m.d.sync += w_error.eq(1)
+
+        # The row offered while one is being written waits in next_row.
+        with m.If(self.row.valid & self.row.ready &
+                  ~writer_fsm.ongoing("ROW")):
+            m.d.sync += [next_row.eq(self.row.payload), next_valid.eq(1)]
+        m.d.comb += self.idle.eq(writer_fsm.ongoing("IDLE") & (w_outstanding == 0))
+        return m
