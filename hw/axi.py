@@ -79,13 +79,24 @@ def _read_members(addr_width, data_width, id_width):
     }
 
 
-def _check_data_width(data_width):
-    if data_width not in BUS_WIDTHS:
-        raise ValueError(f"data_width must be one of {', '.join(map(str, BUS_WIDTHS))}, "
-                         f"not {data_width!r}")
+class _AXI4Channels(wiring.Signature):
+    """An AXI4 manager interface made of the channels in ``_channels``."""
+    _channels = ()
+
+    def __init__(self, *, addr_width, data_width, id_width=1):
+        if data_width not in BUS_WIDTHS:
+            raise ValueError(f"data_width must be one of {', '.join(map(str, BUS_WIDTHS))}, "
+                             f"not {data_width!r}")
+        self.addr_width = addr_width
+        self.data_width = data_width
+        self.id_width = id_width
+        members = {}
+        for channels in self._channels:
+            members.update(channels(addr_width, data_width, id_width))
+        super().__init__(members)
 
 
-class AXI4Signature(wiring.Signature):
+class AXI4Signature(_AXI4Channels):
     """AXI4 manager interface (INCR bursts, one ID): the write channels, then the read ones.
 
     Parameters
@@ -97,31 +108,19 @@ class AXI4Signature(wiring.Signature):
     id_width : int
         Width of the ID signals.
     """
-    def __init__(self, *, addr_width, data_width, id_width=1):
-        _check_data_width(data_width)
-        self.addr_width = addr_width
-        self.data_width = data_width
-        self.id_width = id_width
-        super().__init__({**_write_members(addr_width, data_width, id_width),
-                          **_read_members(addr_width, data_width, id_width)})
+    _channels = (_write_members, _read_members)
 
 
-class AXI4ReadSignature(wiring.Signature):
+class AXI4ReadSignature(_AXI4Channels):
     """The read channels (``ar*``, ``r*``) of :class:`AXI4Signature`, for a read-only
     manager; the parameters are the same."""
-    def __init__(self, *, addr_width, data_width, id_width=1):
-        _check_data_width(data_width)
-        self.addr_width, self.data_width, self.id_width = addr_width, data_width, id_width
-        super().__init__(_read_members(addr_width, data_width, id_width))
+    _channels = (_read_members,)
 
 
-class AXI4WriteSignature(wiring.Signature):
+class AXI4WriteSignature(_AXI4Channels):
     """The write channels (``aw*``, ``w*``, ``b*``) of :class:`AXI4Signature`, for a
     write-only manager; the parameters are the same."""
-    def __init__(self, *, addr_width, data_width, id_width=1):
-        _check_data_width(data_width)
-        self.addr_width, self.data_width, self.id_width = addr_width, data_width, id_width
-        super().__init__(_write_members(addr_width, data_width, id_width))
+    _channels = (_write_members,)
 
 
 class AXI4LiteSignature(wiring.Signature):

@@ -381,7 +381,6 @@ class Outcome:
     irq: int
     written: dict   # every DRAM byte the program wrote, address -> value
     running_status: int   # STATUS read right after the start
-    reset_cycles: int = None   # soft_reset_after: cycles from the reset's write to not busy
     reset_bursts: tuple = None  # soft_reset_after: (read, write) bursts accepted after it
 
     @property
@@ -407,11 +406,6 @@ def run_jobs(jobs, *, config, seed, timeout_cycles, read_errors=(), write_errors
     model = AXI4MemoryModel(dut.m_axi, data_width=config.bus_width, seed=seed,
                             read_errors=read_errors, write_errors=write_errors, **timing)
     outcomes = []
-    now = [0]                       # cycles since the simulation began
-
-    async def clock(ctx):
-        async for _ in ctx.tick():
-            now[0] += 1
 
     async def host(ctx):
         bus = dut.s_axil
@@ -432,19 +426,17 @@ def run_jobs(jobs, *, config, seed, timeout_cycles, read_errors=(), write_errors
             await axil_write(ctx, bus, Reg.PROG_LEN, prog_len)
             await axil_write(ctx, bus, Reg.CONTROL, Control.START)
             running_status = await axil_read(ctx, bus, Reg.STATUS)
-            reset_cycles = reset_bursts = None
+            reset_bursts = None
             if job.soft_reset_after is not None:
                 for _ in range(job.soft_reset_after):
                     await ctx.tick()
                 await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
-                reset_at = now[0]
                 bursts_at = len(model.read_bursts), len(model.write_bursts)
                 for _ in range(timeout_cycles // 8):
                     if not await axil_read(ctx, bus, Reg.STATUS) & Status.BUSY:
                         break
                 else:
                     raise AssertionError(f"seed {seed}: still busy after a soft reset")
-                reset_cycles = now[0] - reset_at
                 reset_bursts = (len(model.read_bursts) - bursts_at[0],
                                 len(model.write_bursts) - bursts_at[1])
             else:
@@ -463,8 +455,7 @@ def run_jobs(jobs, *, config, seed, timeout_cycles, read_errors=(), write_errors
             cycles |= await axil_read(ctx, bus, Reg.CYCLES_HI) << 32
             # irq stays high until the next start or soft reset.
             outcomes.append(Outcome(status, error_pc, pc, cycles, ctx.get(dut.irq),
-                                    dict(model.written), running_status, reset_cycles,
-                                    reset_bursts))
+                                    dict(model.written), running_status, reset_bursts))
 
-    run_simulation(dut, host, processes=[model.process, clock])
+    run_simulation(dut, host, processes=[model.process])
     return outcomes, model

@@ -1,11 +1,14 @@
 """What the DMA's reader and writer share: the block command, and the geometry of rows and
 bursts on the bus."""
 
+from functools import partial
+
 from amaranth.hdl import Cat, Const, Signal
 from amaranth.lib import data
 
 
-__all__ = ["BlockCommand", "MAX_READS_OUTSTANDING", "ceil_div", "row_geometry", "next_burst"]
+__all__ = ["BlockCommand", "MAX_READS_OUTSTANDING", "ceil_div", "row_geometry", "next_burst",
+           "geometry_for"]
 
 
 #: Read bursts the reader has asked for (AR accepted) and not yet received in full, at most.
@@ -100,3 +103,13 @@ def next_burst(bus_bytes, m, beat_addr, beats_left, name):
         m.d.comb += [length.eq(256), length_minus_one.eq(255), next_addr.eq(cap_end),
                      next_left.eq(beats_left - 256)]
     return length, length_minus_one, last, next_addr, next_left
+
+
+def geometry_for(bus_bytes, owner=None):
+    """``(row_geometry, next_burst)`` for a bus of ``bus_bytes``, each called as
+    ``f(m, ...)``: ``owner``'s ``_row_geometry`` and ``_next_burst`` (the DMA passes itself,
+    so that the formal/ mutants that override them reach its reader and writer), or without
+    one, the functions above."""
+    if owner is not None:
+        return owner._row_geometry, owner._next_burst
+    return partial(row_geometry, bus_bytes), partial(next_burst, bus_bytes)

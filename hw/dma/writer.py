@@ -1,13 +1,11 @@
 """The DMA's writer: rows to 2-D strided blocks in DRAM, on the AXI4 write channels."""
 
-from functools import partial
-
 from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axi import AXI4WriteSignature, Burst, Resp
-from .bursts import BlockCommand, ceil_div, next_burst, row_geometry
+from .bursts import BlockCommand, ceil_div, geometry_for
 
 
 __all__ = ["DMAWriter"]
@@ -36,12 +34,7 @@ class DMAWriter(wiring.Component):
         self.data_width = data_width
         self.bus_bytes = data_width // 8
         self.row_bytes = row_bytes
-        # The row and burst geometry: the DMA passes itself (formal/ mutants override its
-        # methods); alone, the functions of hw.dma.bursts.
-        self._row_geometry = (geometry._row_geometry if geometry is not None
-                              else partial(row_geometry, self.bus_bytes))
-        self._next_burst = (geometry._next_burst if geometry is not None
-                            else partial(next_burst, self.bus_bytes))
+        self._row_geometry, self._next_burst = geometry_for(self.bus_bytes, geometry)
         super().__init__({
             "bus":   Out(AXI4WriteSignature(addr_width=addr_width, data_width=data_width)),
             "cmd":   In(stream.Signature(BlockCommand)),
