@@ -1,0 +1,300 @@
+"""onnxruntime's quantized CPU kernels, in numpy, bit for bit.
+
+Every function here computes what onnxruntime's CPU execution provider computes for one
+operator on x86-64, down to the float32 rounding of each step, so that the NPU's output
+(whose requantization follows the same arithmetic) and the host's fallback operators can be
+compared with onnxruntime for equality, not closeness. The arithmetic of each kernel comes
+from onnxruntime's source (MLAS, ``onnxruntime/core/mlas/lib``) and is confirmed against
+onnxruntime itself by ``tb/test_onnx_kernels.py``:
+
+* ``QuantizeLinear``: ``x / scale`` in float32 (a division, not a multiplication by the
+  reciprocal), clamped to ``[qmin - zp, qmax - zp]``, rounded half to even, ``+ zp``;
+* ``DequantizeLinear``: ``float32(q - zp) * scale``;
+* the requantization of an INT32 accumulator (``MlasRequantizeOutput``, used by
+  QLinearConv, QLinearMatMul and QGemm): ``float32(acc) * scale`` in float32, clamped,
+  rounded half to even, ``+ zp``; the per-channel ``scale`` is ``x_scale * w_scale / y_scale``
+  evaluated left to right in float32;
+* ``QLinearAdd`` (AVX2 kernel): two fused multiply-adds in float32 on top of a fixed part
+  ``zc - (r_a * za + r_b * zb)`` with ``r = scale / c_scale``, rounded half to even and
+  saturated.
+
+Tensors are in ONNX's own layouts (NCHW) and dtypes (uint8 or int8 activations).
+"""
+
+import numpy as np
+
+from ..errors import NPUValueError
+
+
+__all__ = ["fma32", "quantize_linear", "dequantize_linear", "requantize_output",
+           "requant_scale", "conv_int32", "qlinear_conv", "conv_integer", "matmul_int32",
+           "qlinear_matmul", "matmul_integer", "qgemm", "qlinear_add", "max_pool",
+           "qtype_range"]
+
+
+def qtype_range(dtype):
+    """``(lowest, highest)`` of an 8-bit quantized dtype."""
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def fma32(a, b, c):
+    """``a * b + c`` rounded once to float32 (a fused multiply-add), for float32 arrays.
+
+    The product of two float32 values is exact in float64; the float64 sum may round, but
+    only a sum that lands exactly halfway between two float32 values can then round the
+    wrong way, and the sum's rounding error (recovered exactly by Knuth's two-sum) says
+    which way the exact value lies.
+    """
+    a, b, c = (np.asarray(v, dtype=np.float32) for v in (a, b, c))
+    product = a.astype(np.float64) * b.astype(np.float64)
+    total = product + c.astype(np.float64)
+    # two-sum: total + error == product + c exactly.
+    virtual = total - product
+    error = (product - (total - virtual)) + (c.astype(np.float64) - virtual)
+    rounded = total.astype(np.float32)
+    # Halfway cases of the float64 sum between float32 neighbours: settle them by the error.
+    low = np.nextafter(rounded, np.float32(-np.inf))
+    high = np.nextafter(rounded, np.float32(np.inf))
+    wide = rounded.astype(np.float64)
+    below = (wide - low.astype(np.float64)) / 2 + low.astype(np.float64)
+    above = (high.astype(np.float64) - wide) / 2 + wide
+    # A tie went to `rounded` (the even one) but the exact value lies on the other side.
+    result = np.where((total == below) & (error < 0), low, rounded)
+    result = np.where((total == above) & (error > 0), high, result)
+    return result.astype(np.float32)
+
+
+def _per_axis(value, ndim, axis):
+    """A per-tensor scalar or a per-channel vector, shaped to broadcast along ``axis``."""
+    value = np.asarray(value)
+    if value.ndim == 0 or value.size == 1:
+        return value.reshape(())
+    shape = [1] * ndim
+    shape[axis] = value.size
+    return value.reshape(shape)
+
+
+def quantize_linear(x, scale, zero_point, dtype=None, axis=1):
+    """ONNX ``QuantizeLinear`` as onnxruntime computes it (float32 ``x``)."""
+    x = np.asarray(x, dtype=np.float32)
+    dtype = np.dtype(dtype if dtype is not None else np.asarray(zero_point).dtype)
+    lowest, highest = qtype_range(dtype)
+    scale = _per_axis(np.asarray(scale, dtype=np.float32), x.ndim, axis)
+    zp = _per_axis(np.asarray(zero_point, dtype=np.int32), x.ndim, axis)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        value = x / scale
+    value = np.minimum(np.maximum(value, (lowest - zp).astype(np.float32)),
+                       (highest - zp).astype(np.float32))
+    return (np.rint(value).astype(np.int32) + zp).astype(dtype)
+
+
+def dequantize_linear(q, scale, zero_point=0, axis=1):
+    """ONNX ``DequantizeLinear`` as onnxruntime computes it: ``float32(q - zp) * scale``."""
+    q = np.asarray(q)
+    scale = _per_axis(np.asarray(scale, dtype=np.float32), q.ndim, axis)
+    zp = _per_axis(np.asarray(zero_point, dtype=np.int32), q.ndim, axis)
+    return ((q.astype(np.int32) - zp).astype(np.float32) * scale).astype(np.float32)
+
+
+def requant_scale(x_scale, w_scale, y_scale):
+    """The float32 requantization scale ``x_scale * w_scale / y_scale`` (per channel when
+    ``w_scale`` is), evaluated left to right in float32 as onnxruntime's kernels do."""
+    x_scale = np.float32(np.asarray(x_scale, dtype=np.float32).reshape(()))
+    y_scale = np.float32(np.asarray(y_scale, dtype=np.float32).reshape(()))
+    w_scale = np.asarray(w_scale, dtype=np.float32).reshape(-1)
+    return ((x_scale * w_scale) / y_scale).astype(np.float32)
+
+
+def requantize_output(acc, scale, zero_point, dtype, axis=-1):
+    """INT32 accumulators to 8 bits as ``MlasRequantizeOutput`` does.
+
+    ``float32(acc)`` (round to nearest even), times ``scale`` in float32, clamped to
+    ``[qmin - zp, qmax - zp]``, rounded half to even, plus ``zp``. ``scale`` is a scalar or
+    one value per index of ``axis``.
+    """
+    acc = np.asarray(acc, dtype=np.int32)
+    lowest, highest = qtype_range(dtype)
+    zp = int(np.asarray(zero_point).reshape(()))
+    scale = _per_axis(np.asarray(scale, dtype=np.float32), acc.ndim,
+                      axis % max(acc.ndim, 1))
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = acc.astype(np.float32) * scale
+    value = np.minimum(np.maximum(value, np.float32(lowest - zp)), np.float32(highest - zp))
+    return (np.rint(value).astype(np.int32) + zp).astype(dtype)
+
+
+def _pads_of(attrs, spatial):
+    pads = list(attrs.get("pads", [0] * (2 * spatial)))
+    return pads[:spatial], pads[spatial:]
+
+
+def conv_int32(x, w, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1,
+               pad_value=0):
+    """An integer NCHW convolution into INT32: ``x`` (N, C, H, W) and ``w`` (M, C/group,
+    kh, kw) already hold ``q - zero_point`` as int32; the border holds ``pad_value``."""
+    x = np.asarray(x, dtype=np.int64)
+    w = np.asarray(w, dtype=np.int64)
+    batch, channels, height, width = x.shape
+    out_channels, group_channels, kernel_h, kernel_w = w.shape
+    top, left, bottom, right = pads[0], pads[1], pads[2], pads[3]
+    x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=pad_value)
+    dh, dw = dilations
+    sh, sw = strides
+    out_h = (height + top + bottom - dh * (kernel_h - 1) - 1) // sh + 1
+    out_w = (width + left + right - dw * (kernel_w - 1) - 1) // sw + 1
+    per_group = out_channels // group
+    out = np.zeros((batch, out_channels, out_h, out_w), dtype=np.int64)
+    for g in range(group):
+        xg = x[:, g * group_channels:(g + 1) * group_channels]
+        wg = w[g * per_group:(g + 1) * per_group]
+        for i in range(kernel_h):
+            for j in range(kernel_w):
+                patch = xg[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh,
+                           j * dw:j * dw + sw * (out_w - 1) + 1:sw]
+                out[:, g * per_group:(g + 1) * per_group] += np.einsum(
+                    "nchw,mc->nmhw", patch, wg[:, :, i, j])
+    return _wrap_int32(out)
+
+
+def _wrap_int32(value):
+    return np.asarray(value, dtype=np.int64).astype(np.uint32).view(np.int32) \
+        if np.asarray(value).ndim else np.int32(np.uint32(np.int64(value) & 0xFFFFFFFF))
+
+
+def _conv_attributes(attrs, spatial=2):
+    begin, end = _pads_of(attrs, spatial)
+    return dict(strides=tuple(attrs.get("strides", [1] * spatial)),
+                pads=tuple(begin + end), dilations=tuple(attrs.get("dilations", [1] * spatial)),
+                group=int(attrs.get("group", 1)))
+
+
+def _check_zero_points(name, zero_point, what):
+    zero_point = np.asarray(zero_point)
+    if zero_point.size > 1 and np.any(zero_point != zero_point.reshape(-1)[0]):
+        raise NPUValueError(f"{name}: per-channel {what} zero points are not supported")
+    return int(zero_point.reshape(-1)[0]) if zero_point.size else 0
+
+
+def qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None, attrs=None,
+                 name="QLinearConv"):
+    """ONNX ``QLinearConv``: the INT32 convolution of the zero-point-free operands, plus
+    the bias, requantized per output channel."""
+    attrs = attrs or {}
+    xz = _check_zero_points(name, x_zp, "input")
+    wz = _check_zero_points(name, w_zp, "weight")
+    acc = conv_int32(np.asarray(x, np.int32) - xz, np.asarray(w, np.int32) - wz,
+                     **_conv_attributes(attrs))
+    if bias is not None:
+        acc = _wrap_int32(acc.astype(np.int64) + np.asarray(bias, np.int64).reshape(1, -1, 1, 1))
+    scale = requant_scale(x_scale, w_scale, y_scale)
+    return requantize_output(acc, scale, y_zp, np.asarray(y_zp).dtype, axis=1)
+
+
+def conv_integer(x, w, x_zp=0, w_zp=0, attrs=None, name="ConvInteger"):
+    """ONNX ``ConvInteger``: the INT32 convolution of ``x - x_zp`` and ``w - w_zp``."""
+    xz = _check_zero_points(name, x_zp, "input")
+    wz = _check_zero_points(name, w_zp, "weight")
+    return conv_int32(np.asarray(x, np.int32) - xz, np.asarray(w, np.int32) - wz,
+                      **_conv_attributes(attrs or {}))
+
+
+def matmul_int32(a, b):
+    """INT32 product of integer matrices (numpy broadcasting of the batch dimensions),
+    wrapping as two's complement like the hardware and onnxruntime's INT32 accumulators."""
+    return _wrap_int32(np.matmul(np.asarray(a, np.int64), np.asarray(b, np.int64)))
+
+
+def _column_zero_point(b_zp, columns):
+    b_zp = np.asarray(b_zp, dtype=np.int32).reshape(-1)
+    return b_zp if b_zp.size > 1 else np.full(columns, b_zp[0] if b_zp.size else 0, np.int32)
+
+
+def matmul_integer(a, b, a_zp=0, b_zp=0):
+    """ONNX ``MatMulInteger``: ``(a - a_zp) @ (b - b_zp)`` in INT32 (``b_zp`` per column
+    or per tensor)."""
+    b = np.asarray(b, np.int32)
+    az = int(np.asarray(a_zp).reshape(-1)[0]) if np.asarray(a_zp).size else 0
+    return matmul_int32(np.asarray(a, np.int32) - az, b - _column_zero_point(b_zp, b.shape[-1]))
+
+
+def qlinear_matmul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    """ONNX ``QLinearMatMul``: ``matmul_integer`` requantized (per column of ``b`` when
+    its scale is per column)."""
+    acc = matmul_integer(a, b, a_zp, b_zp)
+    scale = requant_scale(a_scale, b_scale, y_scale)
+    return requantize_output(acc, scale, y_zp, np.asarray(y_zp).dtype, axis=-1)
+
+
+def qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *,
+          trans_a=0, trans_b=0, alpha=1.0):
+    """onnxruntime's ``QGemm`` (com.microsoft) with a quantized output: ``alpha * A' @ B'
+    + C`` where ``C`` is INT32 at scale ``a_scale * b_scale``; the requantization scale is
+    ``alpha * a_scale * b_scale / y_scale`` in float32."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if trans_a:
+        a = a.T
+    if trans_b:
+        b = b.T
+    acc = matmul_integer(a, b, a_zp, b_zp)
+    if c is not None:
+        acc = _wrap_int32(acc.astype(np.int64) + np.asarray(c, np.int64))
+    if y_scale is None:
+        raise NPUValueError("QGemm with a float output (no y_scale) is not supported")
+    scale = requant_scale(np.float32(alpha) * np.float32(np.asarray(a_scale).reshape(())),
+                          b_scale, y_scale)
+    return requantize_output(acc, scale, y_zp, np.asarray(y_zp).dtype, axis=-1)
+
+
+def qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp):
+    """onnxruntime's ``QLinearAdd`` (com.microsoft), its AVX2 kernel: per element
+    ``fma(a, r_a, fma(b, r_b, fixed))`` in float32, rounded half to even, saturated; with
+    ``r = scale / c_scale`` and ``fixed = zc - (r_a * za + r_b * zb)``. A scalar operand is
+    folded into ``fixed`` with a separate multiply and add, as the kernel does."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    dtype = a.dtype
+    lowest, highest = qtype_range(dtype)
+    f32 = np.float32
+    ratio_a = f32(f32(np.asarray(a_scale).reshape(())) / f32(np.asarray(c_scale).reshape(())))
+    ratio_b = f32(f32(np.asarray(b_scale).reshape(())) / f32(np.asarray(c_scale).reshape(())))
+    za, zb, zc = (int(np.asarray(z).reshape(())) for z in (a_zp, b_zp, c_zp))
+    fixed = f32(f32(zc) - fma32(ratio_a, f32(za), ratio_b * f32(zb)))
+    if a.size == 1 and b.size != 1:
+        fixed = f32(fixed + f32(f32(a.reshape(())) * ratio_a))
+        value = fma32(b.astype(f32), ratio_b, fixed)
+        shape = b.shape
+    elif b.size == 1 and a.size != 1:
+        fixed = f32(fixed + f32(f32(b.reshape(())) * ratio_b))
+        value = fma32(a.astype(f32), ratio_a, fixed)
+        shape = a.shape
+    else:
+        if a.shape != b.shape:
+            raise NPUValueError(f"QLinearAdd: broadcasting {a.shape} with {b.shape} is not "
+                                f"supported (same shapes or a scalar only)")
+        value = fma32(a.astype(f32), ratio_a, fma32(b.astype(f32), ratio_b, fixed))
+        shape = a.shape
+    rounded = np.rint(value).astype(np.int64)
+    return np.clip(rounded, lowest, highest).astype(dtype).reshape(shape)
+
+
+def max_pool(x, attrs):
+    """ONNX ``MaxPool`` on an integer NCHW tensor (the border never wins)."""
+    x = np.asarray(x)
+    kernel_h, kernel_w = attrs["kernel_shape"]
+    sh, sw = attrs.get("strides", [1, 1])
+    begin, end = _pads_of(attrs, 2)
+    if attrs.get("ceil_mode", 0) or any(d != 1 for d in attrs.get("dilations", [1, 1])):
+        raise NPUValueError("MaxPool: ceil_mode and dilations are not supported")
+    lowest = np.iinfo(x.dtype).min
+    padded = np.pad(x, ((0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])),
+                    constant_values=lowest)
+    out_h = (padded.shape[2] - kernel_h) // sh + 1
+    out_w = (padded.shape[3] - kernel_w) // sw + 1
+    out = np.full(x.shape[:2] + (out_h, out_w), lowest, dtype=x.dtype)
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            out = np.maximum(out, padded[:, :, i:i + sh * (out_h - 1) + 1:sh,
+                                         j:j + sw * (out_w - 1) + 1:sw])
+    return out
