@@ -167,9 +167,13 @@ class QConv2D(_GemmOp):
     weight_scale : numpy.ndarray
         float64, per output channel.
     multiplier, shift : numpy.ndarray
-        int32 per output channel, for :func:`sw.quant.requantize`.
+        int32 per output channel, for :func:`sw.quant.requantize` (the fixed-point mode);
+        ``None`` when ``scale`` is given.
     act_min, act_max : int
         The output clamp; ``act_min == output.zero_point`` when ``relu``.
+    scale : numpy.ndarray or None
+        float32 per output channel: the requantizer's float32 mode (onnxruntime's
+        arithmetic, :func:`sw.onnx.kernels.requantize_output`) instead of the fixed point.
     """
     name: str
     sources: tuple
@@ -187,6 +191,7 @@ class QConv2D(_GemmOp):
     relu: bool
     input_shape: tuple
     output_shape: tuple
+    scale: np.ndarray = None
     kind = "conv2d"
 
     @property
@@ -212,6 +217,7 @@ class QDense(_GemmOp):
     relu: bool
     input_shape: tuple
     output_shape: tuple
+    scale: np.ndarray = None
     kind = "dense"
 
 

@@ -52,6 +52,10 @@ def run_op(op, x):
         return op.output.quantize(x)
     if op.kind in ("conv2d", "dense"):
         acc = conv2d_int32(x, op) if op.kind == "conv2d" else dense_int32(x, op)
+        if op.scale is not None:
+            from ..quant import requantize_float
+            return requantize_float(acc, op.scale, op.output.zero_point, op.act_min,
+                                    op.act_max)
         return requantize(acc, op.multiplier, op.shift, op.output.zero_point,
                           op.act_min, op.act_max)
     if op.kind == "relu":

@@ -1,0 +1,189 @@
+"""Reading a quantized ONNX model into the graph the NPU's runtime executes.
+
+A model in either of the formats ``onnxruntime.quantization.quantize_static`` writes (QDQ,
+its default, or QOperator) is first given to onnxruntime's own graph optimizer at the level
+``ORT_ENABLE_EXTENDED``: that is where onnxruntime fuses ``DequantizeLinear -> Conv ->
+QuantizeLinear`` into ``QLinearConv`` (and likewise MatMul, Gemm, Add, ...) and converts int8
+activations to uint8 where its x86 kernels want them. Importing the graph onnxruntime will
+actually run, instead of re-deriving its fusion rules, is what makes the NPU's result equal
+to onnxruntime's bit for bit: every tensor the NPU and the host compute is one that
+onnxruntime also computes, with the same quantization. (The NCHWc and NHWC layout rewrites
+of the next level, ``ORT_ENABLE_ALL``, only move the same values.)
+"""
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import NPUTypeError, NPUValueError
+
+
+__all__ = ["Node", "Graph", "load_model", "import_model", "QUANTIZED_OPS", "SUPPORTED_OPS"]
+
+
+#: Operators that mark a model as quantized.
+QUANTIZED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+    "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul", "QLinearConcat",
+    "QLinearGlobalAveragePool", "QLinearAveragePool", "DynamicQuantizeLinear"})
+
+#: Operators the importer accepts (the runtime has a kernel for each).
+SUPPORTED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+    "ConvInteger", "QGemm", "QLinearAdd", "MaxPool", "Flatten", "Reshape", "Transpose",
+    "Identity", "Relu", "Add", "Concat", "Squeeze", "Unsqueeze"})
+
+
+@dataclass
+class Node:
+    """One operator: ``inputs`` and ``outputs`` are tensor names ("" for an absent
+    optional input)."""
+    name: str
+    op_type: str
+    inputs: list
+    outputs: list
+    attrs: dict = field(default_factory=dict)
+    domain: str = ""
+
+
+@dataclass
+class Graph:
+    """A model as the runtime sees it.
+
+    Attributes
+    ----------
+    nodes : list of Node
+        In an order where every input is computed before it is used.
+    constants : dict
+        ``{tensor name: numpy array}`` of the initializers and ``Constant`` nodes.
+    inputs, outputs : list
+        ``[(name, numpy dtype, shape)]``; a symbolic dimension is a string.
+    path : str
+        Where the model came from.
+    """
+    nodes: list
+    constants: dict
+    inputs: list
+    outputs: list
+    path: str = ""
+
+    def consumers(self, tensor):
+        return [node for node in self.nodes if tensor in node.inputs]
+
+    def producer(self, tensor):
+        for node in self.nodes:
+            if tensor in node.outputs:
+                return node
+        return None
+
+
+#: Float operators that onnxruntime sometimes leaves unfused in a QDQ model.
+_FLOAT_GEMMS = frozenset({"Conv", "MatMul", "Gemm", "ConvTranspose"})
+
+
+def _onnx():
+    import onnx
+    return onnx
+
+
+def load_model(path):
+    """``onnx.ModelProto`` of ``path``, checked; a clear error for a missing, unreadable or
+    malformed file."""
+    onnx = _onnx()
+    if not isinstance(path, (str, os.PathLike)):
+        raise NPUTypeError(f"the model must be a file path, not {type(path).__name__}")
+    if not os.path.isfile(path):
+        raise NPUValueError(f"{path}: no such model file")
+    try:
+        model = onnx.load(os.fspath(path))
+    except Exception as error:      # protobuf's DecodeError and friends
+        raise NPUValueError(f"{path}: not a readable ONNX model "
+                            f"({type(error).__name__}: {_first_line(error)})") from None
+    try:
+        onnx.checker.check_model(model)
+    except Exception as error:
+        raise NPUValueError(f"{path}: malformed ONNX model: {_first_line(error)}") from None
+    return model
+
+
+def _first_line(error):
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _optimize(model, path):
+    """The graph onnxruntime runs, at ``ORT_ENABLE_EXTENDED`` (see the module docstring)."""
+    import tempfile
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as folder:
+        target = os.path.join(folder, "optimized.onnx")
+        options.optimized_model_filepath = target
+        try:
+            onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                         providers=["CPUExecutionProvider"])
+        except Exception as error:
+            raise NPUValueError(f"{path}: onnxruntime cannot load the model: "
+                                f"{_first_line(error)}") from None
+        return _onnx().load(target)
+
+
+_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 6: np.int32, 7: np.int64}
+
+
+def _value_info(value):
+    tensor = value.type.tensor_type
+    dtype = _DTYPES.get(tensor.elem_type)
+    shape = tuple(dim.dim_param or (dim.dim_value if dim.HasField("dim_value") else "?")
+                  for dim in tensor.shape.dim)
+    return value.name, (np.dtype(dtype) if dtype else None), shape
+
+
+def _attributes(node):
+    from onnx import helper
+    return {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+
+
+def import_model(path, *, model=None):
+    """The runtime's :class:`Graph` of the quantized model at ``path``.
+
+    Raises
+    ------
+    NPUValueError
+        For a file that is not a valid ONNX model, a model with no quantization (quantize it
+        first, or give ``--calibrate``), or an operator the runtime does not support (the
+        message names the operator and its node).
+    """
+    from onnx import numpy_helper
+    model = load_model(path) if model is None else model
+    ops = {node.op_type for node in model.graph.node}
+    if not ops & QUANTIZED_OPS:
+        raise NPUValueError(f"{path}: the model has no quantization (no QuantizeLinear, "
+                            f"QLinear* or *Integer operator): quantize it with "
+                            f"onnxruntime.quantization.quantize_static, or give --calibrate "
+                            f"DATA.npy")
+    optimized = _optimize(model, path)
+    constants = {init.name: numpy_helper.to_array(init) for init in optimized.graph.initializer}
+    nodes = []
+    for index, proto in enumerate(optimized.graph.node):
+        attrs = _attributes(proto)
+        if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx"):
+            constants[proto.output[0]] = numpy_helper.to_array(attrs["value"])
+            continue
+        name = proto.name or f"{proto.op_type}_{index}"
+        if proto.op_type in _FLOAT_GEMMS:
+            raise NPUValueError(f"{path}: onnxruntime runs node {name!r} ({proto.op_type}) in "
+                                f"float32, not fused into a quantized operator; the NPU "
+                                f"runs only quantized GEMMs")
+        if proto.op_type not in SUPPORTED_OPS:
+            raise NPUValueError(f"{path}: unsupported operator {proto.op_type} (node {name!r})")
+        nodes.append(Node(name, proto.op_type, list(proto.input), list(proto.output), attrs,
+                          proto.domain))
+    initializers = set(constants)
+    inputs = [_value_info(v) for v in optimized.graph.input if v.name not in initializers]
+    outputs = [_value_info(v) for v in optimized.graph.output]
+    return Graph(nodes=nodes, constants=constants, inputs=inputs, outputs=outputs,
+                 path=os.fspath(path))
