@@ -11,6 +11,8 @@
     npu verilog --config 8x8 -o npu_8x8.v
     npu trace
     npu bench [--quick] [--out docs/performance.md] [--no-speed]
+    npu onnx MODEL.onnx --input X.npy [--out Y.npy] --config 8x8 --sim model [--check] [--json]
+    npu onnx MODEL.onnx --plan                        (see sw.onnx.command)
 
 Bad input ends with a one-line ``npu: error: ...`` on stderr and exit status 2; a GEMM that is
 not bit-exact (with the numpy reference: ``reference_gemm`` / ``reference_qgemm``), or a
@@ -185,6 +187,9 @@ def _build_parser():
     demo.add_argument("--out", default="docs/demo.md", metavar="FILE",
                       help="report to write (default docs/demo.md)")
     demo.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    from .onnx.command import add_parser as add_onnx_parser
+    add_onnx_parser(commands, add_config_arguments)
 
     bench = commands.add_parser(
         "bench", help="the utilization sweep from the hardware counters and the simulator "
@@ -493,6 +498,11 @@ def _run_bench(arguments):
     return 0
 
 
+def _run_onnx(arguments):
+    from .onnx.command import run
+    return run(arguments, _config_from(arguments))
+
+
 def _run_plan(arguments):
     from .compiler import plan_gemm, scalesim_cycles
     from .timing import predict_gemm
@@ -567,7 +577,8 @@ def main(argv=None):
         # argparse exits after --help or a usage error; return its status for in-process use.
         return exit.code
     handlers = {"gemm": _run_gemm, "plan": _run_plan, "qgemm": _run_qgemm, "verilog": _run_verilog,
-                "trace": _run_trace, "demo": _run_demo, "bench": _run_bench}
+                "trace": _run_trace, "demo": _run_demo, "bench": _run_bench,
+                "onnx": _run_onnx}
     try:
         return handlers[arguments.command](arguments)
     except (NPURunError, BackendUnavailable) as error:

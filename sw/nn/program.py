@@ -250,7 +250,12 @@ def fused_lifetimes(ops, buffers):
 def _constant_regions(op):
     """``[(region name, bytes as uint8)]`` of an operator's weights, bias and requantization
     parameters."""
-    quant = np.concatenate([op.multiplier.astype("<i4"), op.shift.astype("<i4")])
+    if op.scale is not None:
+        # The float32 mode: the scales' bit patterns in row 0, row 1 (shifts) all zero.
+        quant = np.concatenate([np.asarray(op.scale, "<f4").view("<i4"),
+                                np.zeros(op.n, "<i4")])
+    else:
+        quant = np.concatenate([op.multiplier.astype("<i4"), op.shift.astype("<i4")])
     return [(f"{op.name}.weight", np.ascontiguousarray(op.gemm_weight).view(np.uint8)
              .reshape(-1)),
             (f"{op.name}.bias", op.acc_bias.astype("<i4").view(np.uint8)),
