@@ -199,3 +199,20 @@ def test_max_pool_and_conv_integer(dtype):
         assert "NOT_IMPLEMENTED" in str(error) and dtype == np.int8
         return
     np.testing.assert_array_equal(K.conv_integer(x, w, xz, 0, conv_attrs), expected)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_qlinear_global_average_pool(seed, dtype):
+    rng = np.random.default_rng(seed)
+    lowest, highest = K.qtype_range(dtype)
+    x = rng.integers(lowest, highest + 1, (2, 5, int(rng.integers(1, 9)), 7)).astype(dtype)
+    xs, ys = _scales(rng, None, -5, 0), _scales(rng, None, -5, 0)
+    xz, yz = dtype(rng.integers(lowest, highest + 1)), dtype(rng.integers(lowest, highest + 1))
+    node = helper.make_node("QLinearGlobalAveragePool", ["x", "xs", "xz", "ys", "yz"], ["y"],
+                            domain="com.microsoft", channels_last=0)
+    onnx_model = model([node], [("x", dtype, list(x.shape))], [("y", dtype, None)],
+                       [constant("xs", xs), constant("xz", xz), constant("ys", ys),
+                        constant("yz", yz)], microsoft=True)
+    (expected,) = run_ort(onnx_model, {"x": x})
+    np.testing.assert_array_equal(K.qlinear_global_average_pool(x, xs, xz, ys, yz), expected)

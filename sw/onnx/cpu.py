@@ -76,6 +76,8 @@ def run_node(node, values):
     if op == "QLinearAdd":
         zc = v[7] if len(v) > 7 and v[7] is not None else np.zeros((), x.dtype)
         return [K.qlinear_add(*v[:7], zc)]
+    if op == "QLinearGlobalAveragePool":
+        return [K.qlinear_global_average_pool(*v[:5], channels_last=a.get("channels_last", 0))]
     if op == "MaxPool":
         if len(node.outputs) > 1 and node.outputs[1]:
             raise NPUValueError(f"MaxPool (node {node.name!r}): the Indices output is not "

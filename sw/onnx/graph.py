@@ -31,8 +31,8 @@ QUANTIZED_OPS = frozenset({
 #: Operators the importer accepts (the runtime has a kernel for each).
 SUPPORTED_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
-    "ConvInteger", "QGemm", "QLinearAdd", "MaxPool", "Flatten", "Reshape", "Transpose",
-    "Identity", "Relu", "Add", "Concat", "Squeeze", "Unsqueeze"})
+    "ConvInteger", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool", "MaxPool", "Flatten",
+    "Reshape", "Transpose", "Identity", "Relu", "Add", "Concat", "Squeeze", "Unsqueeze"})
 
 
 @dataclass

@@ -29,7 +29,7 @@ from ..errors import NPUValueError
 __all__ = ["fma32", "quantize_linear", "dequantize_linear", "requantize_output",
            "requant_scale", "conv_int32", "qlinear_conv", "conv_integer", "matmul_int32",
            "qlinear_matmul", "matmul_integer", "qgemm", "qlinear_add", "max_pool",
-           "qtype_range"]
+           "qtype_range", "qlinear_global_average_pool"]
 
 
 def qtype_range(dtype):
@@ -298,3 +298,18 @@ def max_pool(x, attrs):
             out = np.maximum(out, padded[:, :, i:i + sh * (out_h - 1) + 1:sh,
                                          j:j + sw * (out_w - 1) + 1:sw])
     return out
+
+
+def qlinear_global_average_pool(x, x_scale, x_zp, y_scale, y_zp, channels_last=0):
+    """onnxruntime's ``QLinearGlobalAveragePool`` (com.microsoft): the INT32 sum of each
+    channel's ``n`` pixels minus ``n * x_zp``, requantized (:func:`requantize_output`) with
+    the float32 scale ``x_scale / (y_scale * n)``."""
+    x = np.asarray(x)
+    spatial = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
+    count = int(np.prod([x.shape[axis] for axis in spatial]))
+    acc = x.astype(np.int64).sum(axis=spatial, keepdims=True) \
+        - int(np.asarray(x_zp).reshape(())) * count
+    f = np.float32
+    scale = f(f(np.asarray(x_scale).reshape(())) /
+              f(f(np.asarray(y_scale).reshape(())) * f(count)))
+    return requantize_output(_wrap_int32(acc), scale, y_zp, x.dtype)

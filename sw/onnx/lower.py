@@ -159,6 +159,8 @@ _CPU_REASONS = {
                       "datapath",
     "DequantizeLinear": "8-bit to float conversion of an output: no float datapath",
     "QLinearAdd": "an elementwise sum of two tensors: the array only reduces products",
+    "QLinearGlobalAveragePool": "a mean over each channel's pixels: a reduction the array "
+                                "could do only with a weight per pixel; cheap on the host",
     "MaxPool": "a max over windows: no multiply-accumulate the array can stream",
     "Flatten": "a reshape: moves no values",
     "Reshape": "a reshape: moves no values",

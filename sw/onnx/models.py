@@ -66,7 +66,8 @@ def mlp(rng, features=64, hidden=(48, 32), classes=10):
 
 
 def residual_block(rng, channels=8, size=8):
-    """Conv3x3 -> Relu -> Conv3x3, added to the block's input (after a first Conv), Relu."""
+    """Conv3x3 -> Relu -> Conv3x3, added to the block's input (after a first Conv), Relu,
+    GlobalAveragePool."""
     inits = [("w0", _he(rng, (channels, 3, 3, 3), 27)),
              ("b0", (rng.standard_normal(channels) * 0.1).astype(np.float32)),
              ("w1", _he(rng, (channels, channels, 3, 3), 9 * channels)),
@@ -77,8 +78,9 @@ def residual_block(rng, channels=8, size=8):
     nodes = [_node("Conv", ["x", "w0", "b0"], ["c0"], **pads), _node("Relu", ["c0"], ["r0"]),
              _node("Conv", ["r0", "w1", "b1"], ["c1"], **pads), _node("Relu", ["c1"], ["r1"]),
              _node("Conv", ["r1", "w2", "b2"], ["c2"], **pads),
-             _node("Add", ["c2", "r0"], ["s"]), _node("Relu", ["s"], ["y"])]
-    return _model(nodes, inits, (3, size, size), (channels, size, size)), (3, size, size)
+             _node("Add", ["c2", "r0"], ["s"]), _node("Relu", ["s"], ["sr"]),
+             _node("GlobalAveragePool", ["sr"], ["y"])]
+    return _model(nodes, inits, (3, size, size), (channels, 1, 1)), (3, size, size)
 
 
 def mobilenet_block(rng, channels=8, expanded=16, size=8):
