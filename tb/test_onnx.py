@@ -212,3 +212,31 @@ def test_run_model_rejects_bad_input(quantized):
         run_model(graph, np.zeros((0, 64), np.float32), config=CONFIG, sim="cpu")
     with pytest.raises(NPUError, match="sim must be one of"):
         run_model(graph, np.zeros((1, 64), np.float32), config=CONFIG, sim="gpu")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from sw.nn.train import train_digits
+    network, data, _ = train_digits(seed=0)
+    float_model, _ = models.digits_cnn(network=network)
+    folder = tmp_path_factory.mktemp("digits")
+    x_train = data.x_train.transpose(0, 3, 1, 2).astype(np.float32)
+    paths = {}
+    for fmt in models.QUANT_FORMATS:
+        paths[fmt] = str(folder / f"digits_{fmt}.onnx")
+        models.quantize(float_model, paths[fmt], x_train[:200], fmt=fmt)
+    return paths, data.x_test.transpose(0, 3, 1, 2).astype(np.float32), data.y_test
+
+
+@pytest.mark.parametrize("fmt", models.QUANT_FORMATS)
+def test_digits_cnn_whole_test_set(digits, fmt):
+    """The digits CNN exported to ONNX, on the instruction-level model over the whole test
+    set: equal to onnxruntime, and as accurate as the float model (docs/onnx.md)."""
+    paths, x_test, y_test = digits
+    expected = _onnxruntime(paths[fmt], x_test)
+    run = run_model(import_model(paths[fmt]), x_test, config=CONFIG, sim="model")
+    np.testing.assert_array_equal(run.outputs["y"], expected)
+    assert [p.device for p in run.placements if p.op_type in ("QLinearConv", "QGemm")] \
+        == ["npu"] * 3
+    assert len(run.groups) == 1                 # conv -> conv -> flatten view -> dense
+    assert np.mean(expected.argmax(axis=1) == y_test) == pytest.approx(0.9756, abs=5e-4)
