@@ -836,6 +836,25 @@ class RowGather:
     m = n = taps = k_tap = 1
     row_group = 1
     activation_bytes = output_bytes = 0
+    #: The weights (``taps x k_tap x n``) when known: then a weight tile that is all zero is
+    #: skipped (no load, no PRELOAD, no MATMUL: it would add nothing). See :meth:`know_weights`.
+    weights = None
+
+    def know_weights(self, weights):
+        """Let the compiler skip the all-zero weight tiles of ``weights`` (int8, any shape
+        holding ``taps * k_tap * n`` values in the DRAM order); a depthwise convolution's
+        block-diagonal weights are mostly such tiles. Returns ``self``."""
+        weights = np.asarray(weights)
+        if weights.size != self.taps * self.k_tap * self.n:
+            raise NPUValueError(f"the weights hold {weights.size} values, not taps x k_tap x "
+                                f"n = {self.taps * self.k_tap * self.n}")
+        self.weights = weights.reshape(self.taps, self.k_tap, self.n)
+        return self
+
+    def tile_is_zero(self, tap, k_start, k_stop, n_start, n_stop):
+        """True when the weight tile is known to be all zero."""
+        return self.weights is not None and not np.any(
+            self.weights[tap, k_start:k_stop, n_start:n_stop])
 
     def activation_runs(self, tap, start, stop):
         """The activation rows of output rows ``start .. stop-1`` for ``tap``, as runs
@@ -934,6 +953,9 @@ def _emit_quantized(emit, config, gather, schedule, block_rows, addresses, zero_
             emit.load_acc(local_addr=0, rows=stop - start, row_bytes=4 * n_width,
                           dram_addr=bias_addr + 4 * n_start, dram_stride=0)
             for slot, (tap, k_start) in enumerate(slices):
+                if gather.tile_is_zero(tap, k_start, k_start + rows, n_start,
+                                       n_start + n_width):
+                    continue
                 emit.load_spad(local_addr=_WEIGHT_BASE, rows=min(rows, k_tap - k_start),
                                row_bytes=n_width,
                                dram_addr=b_addr + (tap * k_tap + k_start) * n + n_start,

@@ -264,16 +264,23 @@ def _check_geometry(geometry):
     return geometry
 
 
-def plan_conv2d(config, geometry, *, schedule="auto", lowering="taps"):
+def _gather(geometry, lowering, weights):
+    gather = _ConvGather(_check_geometry(geometry), lowering)
+    return gather if weights is None else gather.know_weights(weights)
+
+
+def plan_conv2d(config, geometry, *, schedule="auto", lowering="taps", weights=None):
     """The :class:`sw.compiler.QuantPlan` of a convolution: ``m`` output pixels,
     ``n = out_channels``, and ``KH * KW`` taps of ``k_tap = in_channels`` (``lowering="taps"``)
-    or ``KH`` kernel rows of ``k_tap = KW * in_channels`` (``"kernel_rows"``)."""
-    return plan_quantized(config, _ConvGather(_check_geometry(geometry), lowering),
-                          schedule=schedule)
+    or ``KH`` kernel rows of ``k_tap = KW * in_channels`` (``"kernel_rows"``). With
+    ``weights`` (HWIO int8), all-zero weight tiles are skipped (a depthwise convolution's
+    block-diagonal weights)."""
+    return plan_quantized(config, _gather(geometry, lowering, weights), schedule=schedule)
 
 
 def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y_addr,
-                   out_zero_point, act_min, act_max, schedule="auto", lowering="taps"):
+                   out_zero_point, act_min, act_max, schedule="auto", lowering="taps",
+                   weights=None):
     """Compile one quantized convolution into a program.
 
     Parameters
@@ -297,6 +304,9 @@ def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y
         One of :data:`sw.compiler.SCHEDULES`.
     lowering : str
         One of :data:`LOWERINGS`; the weights' layout (HWIO) is the same for both.
+    weights : numpy.ndarray, optional
+        The HWIO weights themselves: their all-zero tiles are skipped (as by
+        :func:`plan_conv2d`).
 
     Returns
     -------
@@ -305,7 +315,7 @@ def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y
         layers into one program, concatenate the ``body`` of each and append one ``END``.
     """
     return _compile_quantized(
-        config, _ConvGather(_check_geometry(geometry), lowering),
+        config, _gather(geometry, lowering, weights),
         dict(x_addr=x_addr, w_addr=w_addr, bias_addr=bias_addr, quant_addr=quant_addr,
              y_addr=y_addr), out_zero_point, act_min, act_max, schedule)
 
@@ -400,7 +410,7 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
     g = geometry
     folded_bias = fold_zero_point(bias, w.astype(np.int64).sum(axis=(0, 1, 2)), in_zero_point,
                                   "bias - in_zero_point * w.sum(axis=(0, 1, 2))")
-    plan = plan_conv2d(config, geometry, schedule=schedule, lowering=lowering)
+    plan = plan_conv2d(config, geometry, schedule=schedule, lowering=lowering, weights=w)
     layout = layout_regions(plan.instructions, [
         ("x", g.input_bytes), ("w", g.weight_bytes), ("bias", 4 * g.out_channels),
         ("quant", 8 * g.out_channels), ("y", g.output_bytes)],
@@ -409,7 +419,7 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
         config, geometry, x_addr=layout.addr("x"), w_addr=layout.addr("w"),
         bias_addr=layout.addr("bias"), quant_addr=layout.addr("quant"),
         y_addr=layout.addr("y"), out_zero_point=out_zero_point, act_min=act_min,
-        act_max=act_max, schedule=schedule, lowering=lowering)
+        act_max=act_max, schedule=schedule, lowering=lowering, weights=w)
 
     dram = np.zeros(layout.size, dtype=np.uint8)
     dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \

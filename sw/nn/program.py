@@ -206,7 +206,8 @@ def _conv_geometry(op, source, target):
 def _plan_op(config, op, source, target, lowering):
     """The :class:`~sw.compiler.QuantPlan` of one operator (no addresses needed)."""
     if op.kind == "conv2d":
-        return plan_conv2d(config, _conv_geometry(op, source, target), lowering=lowering)
+        return plan_conv2d(config, _conv_geometry(op, source, target), lowering=lowering,
+                           weights=op.weight)
     _check_dense_buffers(op, source, target)
     return plan_qgemm(config, source.batch, op.k, op.n)
 
@@ -224,7 +225,7 @@ def _compile_op(config, op, source, target, addresses, act_min, act_max, lowerin
     if op.kind == "conv2d":
         return compile_conv2d(config, _conv_geometry(op, source, target),
                               x_addr=addresses["x"], w_addr=addresses["w"],
-                              lowering=lowering, **common)
+                              lowering=lowering, weights=op.weight, **common)
     _check_dense_buffers(op, source, target)
     return compile_qgemm(config, source.batch, op.k, op.n, a_addr=addresses["x"],
                          b_addr=addresses["w"], **common)
