@@ -14,7 +14,8 @@ from sw.cli import main
 from sw.errors import NPUError, NPUTypeError, NPUValueError
 from sw.onnx import models
 from sw.onnx.graph import import_model
-from sw.onnx.runtime import run_model
+from sw.onnx.lower import _CPU_REASONS, place_graph
+from sw.onnx.runtime import infer_shapes, run_model
 from onnx_helpers import constant, model, run_ort
 
 logging.getLogger("root").setLevel(logging.ERROR)     # quantize_static's advice
@@ -66,8 +67,32 @@ def test_model_equals_onnxruntime(quantized, name, fmt, act, sim):
             <= {"npu"}
 
 
-def test_float_conv_left_by_onnxruntime_is_refused(quantized):
-    path, _ = quantized("residual", "qdq", "int8")
+@pytest.mark.parametrize("fmt,act", [("qdq", "uint8"), ("qoperator", "int8"),
+                                     ("qoperator", "uint8")])
+def test_concat_pool_softmax_cpu_equals_onnxruntime(quantized, fmt, act):
+    """Two convolutions concatenated, AveragePool, Gemm, Softmax: onnxruntime runs them as
+    QLinearConcat (one input copied, one through a table), QLinearAveragePool and
+    QLinearSoftmax, and the host's kernels equal it on every sample."""
+    path, shape = quantized("concat_pool_softmax", fmt, act)
+    graph = import_model(path)
+    ops = {node.op_type for node in graph.nodes}
+    assert {"QLinearConcat", "QLinearAveragePool", "QLinearSoftmax"} <= ops
+    x = models.calibration_data(shape, samples=64, seed=11)
+    expected = _onnxruntime(path, x)
+    run = run_model(graph, x, config=CONFIG, sim="cpu")
+    got = run.outputs["y"]
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    assert len(np.unique(got)) > 20                  # probabilities, not one saturated value
+    placements = place_graph(graph, infer_shapes(graph, x))
+    devices = {p.op_type: (p.device, p.reason) for p in placements}
+    assert devices["QLinearConcat"] == ("cpu", _CPU_REASONS["QLinearConcat"])
+    assert {devices[op][0] for op in ("QLinearAveragePool", "QLinearSoftmax")} == {"cpu"}
+
+
+@pytest.mark.parametrize("name", ["residual", "concat_pool_softmax"])
+def test_float_conv_left_by_onnxruntime_is_refused(quantized, name):
+    path, _ = quantized(name, "qdq", "int8")
     with pytest.raises(NPUValueError, match=r"runs node .* \(Conv\) in float32"):
         import_model(path)
 

@@ -47,6 +47,11 @@ def _unsqueeze(node, values, x):
     return x
 
 
+def _zero_point(zero_point, like):
+    """An optional zero point: absent means 0 of the tensor's dtype."""
+    return np.zeros((), np.asarray(like).dtype) if zero_point is None else zero_point
+
+
 def run_node(node, values):
     """The outputs (a list) of ``node`` with its inputs taken from ``values`` (a dict of
     tensor name -> array, constants included)."""
@@ -76,6 +81,19 @@ def run_node(node, values):
     if op == "QLinearAdd":
         zc = v[7] if len(v) > 7 and v[7] is not None else np.zeros((), x.dtype)
         return [K.qlinear_add(*v[:7], zc)]
+    if op == "QLinearConcat":
+        tensors = [(v[i], v[i + 1], _zero_point(v[i + 2], v[i])) for i in range(2, len(v), 3)]
+        return [K.qlinear_concat(v[0], _zero_point(v[1], tensors[0][0]), tensors, a["axis"],
+                                 name=node.name)]
+    if op == "QLinearAveragePool":
+        return [K.qlinear_average_pool(x, v[1], _zero_point(v[2], x), v[3],
+                                       _zero_point(_optional(values, node, 4), x), a,
+                                       name=node.name)]
+    if op == "QLinearSoftmax":
+        opset = a["opset"]
+        return [K.qlinear_softmax(x, v[1], v[2], v[3], _zero_point(_optional(values, node, 4), x),
+                                  a.get("axis", -1 if opset >= 13 else 1), opset,
+                                  name=node.name)]
     if op == "QLinearGlobalAveragePool":
         return [K.qlinear_global_average_pool(*v[:5], channels_last=a.get("channels_last", 0))]
     if op == "MaxPool":

@@ -26,13 +26,14 @@ __all__ = ["Node", "Graph", "load_model", "import_model", "QUANTIZED_OPS", "SUPP
 QUANTIZED_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
     "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul", "QLinearConcat",
-    "QLinearGlobalAveragePool", "QLinearAveragePool", "DynamicQuantizeLinear"})
+    "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSoftmax", "DynamicQuantizeLinear"})
 
 #: Operators the importer accepts (the runtime has a kernel for each).
 SUPPORTED_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
-    "ConvInteger", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool", "MaxPool", "Flatten",
-    "Reshape", "Transpose", "Identity", "Relu", "Add", "Concat", "Squeeze", "Unsqueeze"})
+    "ConvInteger", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool", "QLinearConcat",
+    "QLinearAveragePool", "QLinearSoftmax", "MaxPool", "Flatten", "Reshape", "Transpose",
+    "Identity", "Relu", "Add", "Concat", "Squeeze", "Unsqueeze"})
 
 
 @dataclass

@@ -16,10 +16,23 @@ onnxruntime itself by ``tb/test_onnx_kernels.py``:
   evaluated left to right in float32;
 * ``QLinearAdd`` (AVX2 kernel): two fused multiply-adds in float32 on top of a fixed part
   ``zc - (r_a * za + r_b * zb)`` with ``r = scale / c_scale``, rounded half to even and
+  saturated;
+* ``QLinearConcat``: each input through a 256-entry table, ``QuantizeLinear(x_scale *
+  float32(q - x_zp))`` at the output's scale (a plain copy when scale and zero point equal
+  the output's);
+* ``QLinearAveragePool``: the inputs dequantized, each window's valid pixels summed in
+  float32 in row-major order, divided by the pixel count in float32, then
+  ``nearbyintf(avg / y_scale + y_zp)`` saturated (two float32 roundings before the
+  rounding half to even);
+* ``QLinearSoftmax``: a 256-entry float32 table of ``exp`` (computed in float64), summed in
+  float32 left to right, and ``nearbyint(e * floorf(1 / y_scale) / sum) + y_zp`` in float64,
   saturated.
 
 Tensors are in ONNX's own layouts (NCHW) and dtypes (uint8 or int8 activations).
 """
+
+import functools
+import math
 
 import numpy as np
 
@@ -29,7 +42,8 @@ from ..errors import NPUValueError
 __all__ = ["fma32", "quantize_linear", "dequantize_linear", "requantize_output",
            "requant_scale", "conv_int32", "qlinear_conv", "conv_integer", "matmul_int32",
            "qlinear_matmul", "matmul_integer", "qgemm", "qlinear_add", "max_pool",
-           "qtype_range", "qlinear_global_average_pool"]
+           "qtype_range", "qlinear_global_average_pool", "qlinear_concat",
+           "qlinear_average_pool", "qlinear_softmax"]
 
 
 def qtype_range(dtype):
@@ -313,3 +327,234 @@ def qlinear_global_average_pool(x, x_scale, x_zp, y_scale, y_zp, channels_last=0
     scale = f(f(np.asarray(x_scale).reshape(())) /
               f(f(np.asarray(y_scale).reshape(())) * f(count)))
     return requantize_output(_wrap_int32(acc), scale, y_zp, x.dtype)
+
+
+def _scalar(value, what, name):
+    value = np.asarray(value)
+    if value.size != 1:
+        raise NPUValueError(f"{name}: {what} must be a scalar, not of shape {value.shape}")
+    return value.reshape(())
+
+
+def qlinear_concat(y_scale, y_zp, inputs, axis, name="QLinearConcat"):
+    """onnxruntime's ``QLinearConcat`` (com.microsoft, ``qlinear_concat.cc``): ``inputs`` is
+    a list of ``(x, x_scale, x_zp)``. An input whose scale and zero point equal the
+    output's is copied; any other goes through a 256-entry table built as
+    ``QlinearBuildLookupTable`` does: ``MlasQuantizeLinear(x_scale * float32(q - x_zp))`` at
+    ``(y_scale, y_zp)``, i.e. :func:`quantize_linear` of :func:`dequantize_linear` (a float32
+    product, a float32 division, clamp, round half to even)."""
+    y_scale = np.float32(_scalar(y_scale, "y_scale", name))
+    y_zp = _scalar(y_zp, "y_zero_point", name)
+    dtype = y_zp.dtype
+    codes = np.arange(256, dtype=np.uint8).view(dtype)       # the table's index is the byte
+    if not inputs:
+        raise NPUValueError(f"{name}: no input tensors")
+    rank = np.ndim(inputs[0][0])
+    if not -rank <= int(axis) < rank:
+        raise NPUValueError(f"{name}: axis {axis} is out of range for inputs of rank {rank}")
+    parts = []
+    for index, (x, x_scale, x_zp) in enumerate(inputs):
+        x = np.asarray(x)
+        x_scale = np.float32(_scalar(x_scale, f"input {index}'s scale", name))
+        x_zp = _scalar(x_zp, f"input {index}'s zero point", name)
+        if x.dtype != dtype or x_zp.dtype != dtype:
+            raise NPUValueError(f"{name}: input {index} is {x.dtype} with a {x_zp.dtype} zero "
+                                f"point, the output {dtype}")
+        if x_scale == y_scale and x_zp == y_zp:
+            parts.append(x)
+            continue
+        table = quantize_linear(dequantize_linear(codes, x_scale, x_zp), y_scale, y_zp, dtype)
+        parts.append(table[x.view(np.uint8)])
+    return np.concatenate(parts, axis=int(axis))
+
+
+def _pool_output_size(size, stride, kernel, pad_head, pad_tail, ceil_mode, name):
+    """onnxruntime's ``PoolAttributes::ComputeOutputSize``: ``numerator / stride + 1`` in
+    C's integer division (truncated toward 0); with ``ceil_mode`` the quotient is ceiled in
+    float32 and a last window starting past the head padding and the image is dropped (ONNX
+    pull request 5741)."""
+    numerator = size + pad_head + pad_tail - (kernel - 1) - 1
+    quotient = abs(numerator) // stride
+    out = (quotient if numerator >= 0 else -quotient) + 1
+    if ceil_mode:
+        out = int(np.ceil(np.float32(np.float32(numerator) / np.float32(stride)))) + 1
+        if (out - 1) * stride >= size + pad_head:
+            out -= 1
+    if out < 0:
+        raise NPUValueError(f"{name}: a kernel of {kernel} with pads {pad_head}, {pad_tail} "
+                            f"does not fit an image of {size}")
+    return out
+
+
+def _nearbyint_to_int32(value):
+    """``static_cast<int32_t>(std::nearbyintf(value))`` on x86-64: round half to even; a NaN
+    or a value outside int32 becomes INT32_MIN (cvttss2si's "integer indefinite")."""
+    rounded = np.rint(value.astype(np.float64))
+    bad = ~((rounded >= -2.0 ** 31) & (rounded < 2.0 ** 31))
+    return np.where(bad, -2.0 ** 31, rounded).astype(np.int64)
+
+
+def qlinear_average_pool(x, x_scale, x_zp, y_scale, y_zp, attrs, name="QLinearAveragePool"):
+    """onnxruntime's ``QLinearAveragePool`` (com.microsoft, ``contrib_ops/cpu/qlinear_pool.cc``)
+    on a 1-D, 2-D or 3-D pooling, NCHW or ``channels_last``.
+
+    A pooling whose kernel covers the whole image with no padding is onnxruntime's global
+    average pool (:func:`qlinear_global_average_pool`, INT32 sums). Any other: the input is
+    dequantized (``x_scale * float32(q - x_zp)``), each window's pixels inside the image are
+    summed in float32 starting from 0 in row-major order, the sum is divided by the count
+    (the kernel's size with ``count_include_pad``, else the pixels inside the image, as
+    onnxruntime clamps the window) converted to float32, and quantized as
+    ``nearbyintf(avg / y_scale + float32(y_zp))`` (a division and an addition, each rounded
+    to float32; round half to even), converted to int32 and saturated. The output size is
+    onnxruntime's (:func:`_pool_output_size`).
+    """
+    x = np.asarray(x)
+    dtype = x.dtype
+    lowest, highest = qtype_range(dtype)
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    spatial = len(kernel)
+    if not 1 <= spatial <= 3 or x.ndim != spatial + 2:
+        raise NPUValueError(f"{name}: kernel_shape {kernel} on an input of shape {x.shape} is "
+                            f"not supported (1-D to 3-D pooling of an N, C, spatial... input)")
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        raise NPUValueError(f"{name}: auto_pad {auto_pad} is not supported (NOTSET or VALID)")
+    if any(int(d) != 1 for d in attrs.get("dilations", [1] * spatial)):
+        raise NPUValueError(f"{name}: dilations {list(attrs['dilations'])} are not supported")
+    strides = [int(s) for s in attrs.get("strides", [1] * spatial)]
+    pads = [int(p) for p in attrs.get("pads", [0] * (2 * spatial))] if auto_pad == "NOTSET" \
+        else [0] * (2 * spatial)
+    if any(pads[d] >= kernel[d] or pads[d + spatial] >= kernel[d] for d in range(spatial)):
+        raise NPUValueError(f"{name}: pads {pads} must be smaller than the kernel {kernel}")
+    ceil_mode = int(attrs.get("ceil_mode", 0))
+    include_pad = bool(attrs.get("count_include_pad", 0))
+    channels_last = int(attrs.get("channels_last", 0))
+    if channels_last:
+        x = np.moveaxis(x, -1, 1)
+    x_scale = np.float32(_scalar(x_scale, "x_scale", name))
+    x_zp = _scalar(x_zp, "x_zero_point", name)
+    y_scale = np.float32(_scalar(y_scale, "y_scale", name))
+    image = list(x.shape[2:])
+    if image == kernel and not any(pads):
+        out = qlinear_global_average_pool(x, x_scale, x_zp, y_scale, y_zp)
+        return np.moveaxis(out, 1, -1) if channels_last else out
+
+    values = dequantize_linear(x, x_scale, x_zp)
+    outputs = [_pool_output_size(image[d], strides[d], kernel[d], pads[d], pads[d + spatial],
+                                 ceil_mode, name) for d in range(spatial)]
+    # Zeros around the image, enough for every window: adding +0.0 leaves a float32 sum
+    # as it is, so the sum over a padded window equals onnxruntime's over its valid pixels.
+    tails = [max(0, (outputs[d] - 1) * strides[d] - pads[d] + kernel[d] - image[d])
+             for d in range(spatial)]
+    padded = np.pad(values, [(0, 0), (0, 0)] + [(pads[d], tails[d]) for d in range(spatial)])
+    total = np.zeros(x.shape[:2] + tuple(outputs), np.float32)
+    for offsets in np.ndindex(*kernel):
+        window = tuple(slice(o, o + strides[d] * (outputs[d] - 1) + 1, strides[d])
+                       for d, o in enumerate(offsets))
+        total = (total + padded[(Ellipsis,) + window]).astype(np.float32)
+    if include_pad:
+        count = np.float32(np.prod(kernel))
+    else:
+        count = np.ones(outputs, np.int64)
+        for d in range(spatial):
+            start = np.arange(outputs[d]) * strides[d] - pads[d]
+            extent = np.minimum(start + kernel[d], image[d]) - np.maximum(start, 0)
+            shape = [1] * spatial
+            shape[d] = outputs[d]
+            count = count * extent.reshape(shape)
+        count = count.astype(np.float32)
+    zero_point = np.float32(int(_scalar(y_zp, "y_zero_point", name)))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        average = (total / count).astype(np.float32)
+        value = ((average / y_scale).astype(np.float32) + zero_point).astype(np.float32)
+    out = np.clip(_nearbyint_to_int32(value), lowest, highest).astype(dtype)
+    return np.moveaxis(out, 1, -1) if channels_last else out
+
+
+def _libm_logf():
+    """The C library's ``logf`` (what onnxruntime calls), else ``log`` rounded to float32."""
+    import ctypes
+    import ctypes.util
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        logf = libm.logf
+    except (OSError, AttributeError):
+        return lambda value: np.float32(math.log(value))
+    logf.restype, logf.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda value: np.float32(logf(value))
+
+
+_LOGF = _libm_logf()
+
+
+@functools.lru_cache(maxsize=64)
+def _softmax_exp_table(x_scale, reduce_len):
+    """onnxruntime's 256-entry exp table of ``QLinearSoftmax``, indexed by ``255 - (max -
+    x)``: ``float32(exp((i - 255 + shift) * x_scale))`` in float64 (the C library's
+    ``exp``), with ``shift = max(0, logf(FLT_MAX / reduce_len) - 5) / x_scale`` keeping the
+    float32 sum of ``reduce_len`` terms finite."""
+    largest = np.finfo(np.float32).max
+    shift = float(_LOGF(np.float32(largest / np.float32(reduce_len))))
+    shift = max(0.0, shift - 5.0) / float(x_scale)
+    return np.array([math.exp((float(i) - 255.0 + shift) * float(x_scale))
+                     for i in range(256)], dtype=np.float64).astype(np.float32)
+
+
+def qlinear_softmax(x, x_scale, x_zp, y_scale, y_zp, axis=-1, opset=13, name="QLinearSoftmax"):
+    """onnxruntime's ``QLinearSoftmax`` (com.microsoft, ``qlinear_softmax.cc``), uint8 or int8.
+
+    Rows are the ``axis`` dimension (``opset >= 13``) or everything from ``axis`` on
+    (older opsets). Per row: ``e = table[255 - (max - x)]`` (:func:`_softmax_exp_table`;
+    ``x_zp`` cancels out and is not used), ``sum`` = the float32 sum of ``e`` left to right,
+    and each output ``clamp(nearbyint(double(e) * Y / double(sum)) + y_zp)`` in float64
+    (round half to even) with ``Y = floorf(1.0f / y_scale)`` in float32 (so
+    ``y_scale = 1/255`` gives ``Y = 254``, not 255). This is onnxruntime 1.32's x86-64 code as
+    compiled (read from its machine code: ``addss`` for the sum, ``mulsd``/``divsd`` and
+    ``nearbyint`` for the output, the clamp to the dtype's range); older releases did the
+    last step in float32 and wrapped int8 outputs above 127.
+    """
+    x = np.asarray(x)
+    dtype = x.dtype
+    if dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise NPUValueError(f"{name}: the input must be uint8 or int8, not {dtype}")
+    if x.ndim == 0:
+        raise NPUValueError(f"{name}: the input must have at least one dimension")
+    lowest, highest = qtype_range(dtype)
+    axis = int(axis)
+    if not -x.ndim <= axis < x.ndim:
+        raise NPUValueError(f"{name}: axis {axis} is out of range for an input of rank {x.ndim}")
+    axis %= x.ndim
+    if x.size == 0:
+        return x.copy()
+    if int(opset) >= 13:
+        rows = np.moveaxis(x, axis, -1)
+        shape = rows.shape
+        rows = rows.reshape(-1, shape[-1])
+    else:
+        rows = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+    reduce_len = rows.shape[1]
+    x_scale = np.float32(_scalar(x_scale, "x_scale", name))
+    y_scale = np.float32(_scalar(y_scale, "y_scale", name))
+    for what, scale in (("x_scale", x_scale), ("y_scale", y_scale)):
+        if not (np.isfinite(scale) and scale > 0):
+            raise NPUValueError(f"{name}: {what} must be positive and finite, not {scale}")
+    table = _softmax_exp_table(x_scale, reduce_len)
+    with np.errstate(over="ignore"):
+        factor = np.floor(np.float32(1) / y_scale)
+    # Where 1.0f / y_scale overflows float32 (a subnormal y_scale) onnxruntime's code takes
+    # floor(1.0 / y_scale) in float64 instead.
+    factor = float(factor) if np.isfinite(factor) else math.floor(1.0 / float(y_scale))
+    zero_point = int(_scalar(y_zp, "y_zero_point", name))
+    codes = rows.astype(np.int64)
+    exps = table[255 - (codes.max(axis=1, keepdims=True) - codes)]
+    total = np.zeros(len(rows), np.float32)
+    for column in range(reduce_len):        # float32, left to right, as the kernel adds
+        total = (total + exps[:, column]).astype(np.float32)
+    # The sum holds the row's maximum, table[255] >= 1, so it is never 0 (the kernel would
+    # leave the row unwritten) and the quotient is finite.
+    value = np.rint(exps.astype(np.float64) * factor / total[:, None].astype(np.float64))
+    out = np.clip(value + zero_point, lowest, highest).astype(dtype)
+    if int(opset) >= 13:
+        return np.moveaxis(out.reshape(shape), -1, axis)
+    return out.reshape(x.shape)

@@ -161,6 +161,12 @@ _CPU_REASONS = {
     "QLinearAdd": "an elementwise sum of two tensors: the array only reduces products",
     "QLinearGlobalAveragePool": "a mean over each channel's pixels: a reduction the array "
                                 "could do only with a weight per pixel; cheap on the host",
+    "QLinearConcat": "joins tensors, requantizing each through a 256-entry table: no "
+                     "multiply-accumulate",
+    "QLinearAveragePool": "a float32 mean over windows, as onnxruntime computes it: no "
+                          "float datapath on the array",
+    "QLinearSoftmax": "exponentials from a float table and a float division: no float "
+                      "datapath on the array",
     "MaxPool": "a max over windows: no multiply-accumulate the array can stream",
     "Flatten": "a reshape: moves no values",
     "Reshape": "a reshape: moves no values",

@@ -12,7 +12,8 @@ import numpy as np
 from ..errors import NPUValueError
 
 
-__all__ = ["MODELS", "mlp", "residual_block", "mobilenet_block", "digits_cnn", "build",
+__all__ = ["MODELS", "mlp", "residual_block", "mobilenet_block", "concat_pool_softmax",
+           "digits_cnn", "build",
            "quantize", "QUANT_FORMATS", "calibration_data"]
 
 
@@ -101,6 +102,31 @@ def mobilenet_block(rng, channels=8, expanded=16, size=8):
         (channels, size, size)
 
 
+def concat_pool_softmax(rng, channels=3, branch=4, size=8, classes=10):
+    """Two convolutions of the same input (3x3 and 1x1, each with Relu) concatenated on the
+    channels, AveragePool 2x2, Flatten, Gemm, Softmax: a model whose quantized form has
+    ``QLinearConcat``, ``QLinearAveragePool`` and ``QLinearSoftmax`` on the host."""
+    half = size // 2
+    features = 2 * branch * half * half
+    # Non-zero biases everywhere: a zero bias trips a constant-deduplication quirk of
+    # onnxruntime's optimizer.
+    inits = [("w0", _he(rng, (branch, channels, 3, 3), 9 * channels)),
+             ("b0", (rng.standard_normal(branch) * 0.1).astype(np.float32)),
+             ("w1", _he(rng, (branch, channels, 1, 1), channels)),
+             ("b1", (rng.standard_normal(branch) * 0.1).astype(np.float32)),
+             ("wd", _he(rng, (classes, features), features)),
+             ("bd", (rng.standard_normal(classes) * 0.1).astype(np.float32))]
+    nodes = [_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             _node("Relu", ["c0"], ["r0"]),
+             _node("Conv", ["x", "w1", "b1"], ["c1"]), _node("Relu", ["c1"], ["r1"]),
+             _node("Concat", ["r0", "r1"], ["cat"], axis=1),
+             _node("AveragePool", ["cat"], ["pool"], kernel_shape=[2, 2], strides=[2, 2]),
+             _node("Flatten", ["pool"], ["flat"]),
+             _node("Gemm", ["flat", "wd", "bd"], ["logits"], transB=1),
+             _node("Softmax", ["logits"], ["y"], axis=-1)]
+    return _model(nodes, inits, (channels, size, size), (classes,)), (channels, size, size)
+
+
 def digits_cnn(rng=None, *, network=None):
     """The project's digits CNN (conv-relu-conv-bn-relu-flatten-dense), trained by
     :func:`sw.nn.train.train_digits` (seed 0) unless ``network`` is given, with its
@@ -151,7 +177,7 @@ def digits_cnn(rng=None, *, network=None):
 
 
 MODELS = {"mlp": mlp, "residual": residual_block, "mobilenet": mobilenet_block,
-          "digits": digits_cnn}
+          "concat_pool_softmax": concat_pool_softmax, "digits": digits_cnn}
 
 
 def build(name, seed=0):
