@@ -265,3 +265,18 @@ def test_digits_cnn_whole_test_set(digits, fmt):
         == ["npu"] * 3
     assert len(run.groups) == 1                 # conv -> conv -> flatten view -> dense
     assert np.mean(expected.argmax(axis=1) == y_test) == pytest.approx(0.9756, abs=5e-4)
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("sim", ["verilator", "icarus"])
+def test_models_on_the_rtl(quantized, sim):
+    """A batch of each test model through the generated Verilog: equal to onnxruntime."""
+    config = NPUConfig.from_name("4x4")
+    for name, fmt, act in [("mobilenet", "qdq", "uint8"), ("residual", "qoperator", "int8"),
+                           ("mlp", "qdq", "int8")]:
+        path, shape = quantized(name, fmt, act)
+        x = models.calibration_data(shape, samples=3, seed=17)
+        run = run_model(import_model(path), x, config=config, sim=sim)
+        np.testing.assert_array_equal(run.outputs["y"], _onnxruntime(path, x),
+                                      err_msg=f"{name} {fmt} {act} on {sim}")
+        assert run.cycles > 0 and run.programs >= 1
