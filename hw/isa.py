@@ -14,7 +14,7 @@ from amaranth.lib import data, enum
 
 
 __all__ = [
-    "Opcode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
+    "Opcode", "QuantMode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
     "INSTR_BITS", "INSTR_BYTES", "OPTIONAL_FIELDS", "ErrorCode", "Reg", "MAGIC", "VERSION",
     "PERF_COUNTERS", "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
 ]
@@ -30,6 +30,12 @@ class Opcode(enum.Enum, shape=8):
     STORE     = 0x06  #: Accumulator rows -> DRAM (INT32 little-endian).
     LOAD_QUANT = 0x07  #: DRAM -> per-channel requantization parameters (and zero point, clamp).
     STORE_Q   = 0x08  #: Accumulator rows -> requantized INT8 -> DRAM.
+
+
+class QuantMode(enum.IntEnum, shape=1):
+    """How ``STORE_Q`` requantizes, set per layer by ``LOAD_QUANT`` (``docs/quantization.md``)."""
+    FIXED = 0  #: TFLite/gemmlowp integer arithmetic: INT32 multipliers and shifts.
+    FLOAT = 1  #: onnxruntime's float32 arithmetic: one float32 scale per channel.
 
 
 class LoadArgs(data.Struct):
@@ -58,16 +64,21 @@ class StoreArgs(data.Struct):
 class QuantArgs(data.Struct):
     """``LOAD_QUANT``: the requantization state used by ``STORE_Q``.
 
-    DRAM row 0 at ``dram_addr`` holds the C INT32 multipliers (lane ``j`` at byte ``4j``,
-    little-endian), row 1 at ``dram_addr + dram_stride`` the C INT32 shifts (positive: right
-    shift, negative: left shift, within -31 .. 31). ``row_bytes`` (a multiple of 4, at most
-    4C) bytes of each row are read; the lanes past them get multiplier 0 and shift 0. The
-    output zero point (-128 .. 127) and the clamp (``act_min <= act_max``) are operands.
+    ``row_bytes`` (a multiple of 4, at most 4C) bytes are read of two DRAM rows, lane ``j``
+    at byte ``4j``, little-endian; the lanes past them get 0 in both rows. In ``mode``
+    :attr:`QuantMode.FIXED` row 0 at ``dram_addr`` holds the C INT32 multipliers, row 1 at
+    ``dram_addr + dram_stride`` the C INT32 shifts (positive: right shift, negative: left
+    shift, within -31 .. 31). In :attr:`QuantMode.FLOAT` row 0 holds the C float32 scales
+    (their IEEE-754 bit patterns, finite: NaN and infinity are ``QUANT`` errors) and row 1
+    is reserved: it must be all zero. The output zero point (-128 .. 127) and the clamp
+    (``act_min <= act_max``) are operands. ``mode`` may be left out of :func:`encode`
+    (fixed point).
     """
     dram_addr:   32
     dram_stride: 32
     row_bytes:   16
-    zero_point:  signed(16)
+    zero_point:  signed(15)
+    mode:        QuantMode
     act_min:     signed(8)
     act_max:     signed(8)
 
@@ -128,7 +139,7 @@ _ARG_FIELD = {
 
 
 #: Fields that :func:`encode` (and :func:`sw.codec.encode`) set to 0 when they are left out.
-OPTIONAL_FIELDS = frozenset({"k_width", "n_width"})
+OPTIONAL_FIELDS = frozenset({"k_width", "n_width", "mode"})
 
 
 def argument_layout(opcode):
@@ -198,13 +209,15 @@ class ErrorCode(enum.Enum, shape=8):
     BUS_WRITE      = 6   #: a DMA write answered SLVERR or DECERR
     PROGRAM        = 7   #: program address unaligned, length zero, or no END within length
     DRAM_RANGE     = 8   #: a DMA block that runs past the top of the 32-bit address space
-    QUANT          = 9   #: zero point outside -128..127, act_min > act_max, or |shift| > 31
+    QUANT          = 9   #: zero point outside -128..127, act_min > act_max, |shift| > 31,
+                         #: or in float mode a NaN or infinite scale or a non-zero row 1
     START_BUSY     = 10  #: the host wrote start while a program ran; it stops before its next
                          #: instruction (``ERROR_PC`` is that instruction's index)
 
 
 MAGIC = 0x4E505538      # "NPU8"
-VERSION = 0x0001_0200   # major 1, minor 2: overlapped units, performance counters
+VERSION = 0x0001_0300   # major 1, minor 3: LOAD_QUANT's float mode (minor 2: overlapped units,
+                        # performance counters)
 
 
 class Reg(enum.IntEnum):

@@ -44,7 +44,9 @@ tap lies, and where each output row goes. Per m-block and n-tile the program is:
 
 The quantization parameters of a layer are two INT32 rows of N lanes in DRAM, multipliers
 then shifts (``quant_addr`` and ``quant_addr + 4 N``); n-tile ``t`` reads lanes ``t C ..``
-of both with one ``LOAD_QUANT`` (``dram_stride = 4 N``).
+of both with one ``LOAD_QUANT`` (``dram_stride = 4 N``). With
+``quant_mode=QuantMode.FLOAT`` the first row holds float32 scales and the second zeros (the
+``LOAD_QUANT``s say so; the program is otherwise the same).
 """
 
 import operator
@@ -53,7 +55,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hw.config import NPUConfig
-from hw.isa import INSTR_BYTES, Opcode
+from hw.isa import INSTR_BYTES, Opcode, QuantMode
 from . import codec
 from .errors import NPUTypeError, NPUValueError, PlanError
 
@@ -542,10 +544,11 @@ class _Emitter:
         self.bytes_written += rows * row_bytes
         self.acc_rows_used = max(self.acc_rows_used, acc_addr + rows)
 
-    def load_quant(self, dram_addr, dram_stride, row_bytes, zero_point, act_min, act_max):
+    def load_quant(self, dram_addr, dram_stride, row_bytes, zero_point, act_min, act_max,
+                   mode):
         self._emit(Opcode.LOAD_QUANT, dram_addr=dram_addr, dram_stride=dram_stride,
                    row_bytes=row_bytes, zero_point=zero_point, act_min=act_min,
-                   act_max=act_max)
+                   act_max=act_max, mode=mode)
         self.bytes_read += 2 * row_bytes
 
     def store_q(self, acc_addr, rows, row_bytes, dram_addr, dram_stride):
@@ -915,8 +918,16 @@ def _check_quant_operands(zero_point, act_min, act_max):
     return zero_point, act_min, act_max
 
 
+def _check_quant_mode(quant_mode):
+    try:
+        return QuantMode(quant_mode)
+    except ValueError:
+        raise NPUValueError(f"quant_mode must be one of {[mode.name for mode in QuantMode]}, "
+                            f"not {quant_mode!r}") from None
+
+
 def _emit_quantized(emit, config, gather, schedule, block_rows, addresses, zero_point,
-                    act_min, act_max):
+                    act_min, act_max, quant_mode=QuantMode.FIXED):
     """Emit the program of a quantized layer (see the module documentation)."""
     rows, cols = config.rows, config.cols
     m, n, k_tap = gather.m, gather.n, gather.k_tap
@@ -929,7 +940,7 @@ def _emit_quantized(emit, config, gather, schedule, block_rows, addresses, zero_
     def load_quant(n_start):
         emit.load_quant(dram_addr=quant_addr + 4 * n_start, dram_stride=4 * n,
                         row_bytes=4 * min(cols, n - n_start), zero_point=zero_point,
-                        act_min=act_min, act_max=act_max)
+                        act_min=act_min, act_max=act_max, mode=quant_mode)
 
     if len(n_starts) == 1:
         load_quant(0)
@@ -1061,7 +1072,8 @@ def plan_quantized(config, gather, *, schedule="auto"):
 
 
 def compile_quantized(config, gather, *, a_addr, b_addr, bias_addr, quant_addr, y_addr,
-                      out_zero_point, act_min, act_max, schedule="auto"):
+                      out_zero_point, act_min, act_max, schedule="auto",
+                      quant_mode=QuantMode.FIXED):
     """Compile the quantized layer described by ``gather`` into a program.
 
     Parameters
@@ -1075,13 +1087,17 @@ def compile_quantized(config, gather, *, a_addr, b_addr, bias_addr, quant_addr, 
     bias_addr : int
         ``n`` INT32 (little-endian): the bias, with any input zero point folded in.
     quant_addr : int
-        ``n`` INT32 multipliers, then ``n`` INT32 shifts.
+        ``n`` INT32 multipliers, then ``n`` INT32 shifts; in float mode ``n`` float32
+        scales, then ``n`` zero words.
     y_addr : int
         Base of the output region (``gather.output_bytes`` bytes).
     out_zero_point, act_min, act_max : int
         Output zero point and clamp, within -128 .. 127, ``act_min <= act_max``.
     schedule : str
         One of :data:`SCHEDULES`; see :func:`plan_quantized`.
+    quant_mode : hw.isa.QuantMode
+        The requantization of the ``LOAD_QUANT``s: ``FIXED`` (default) or ``FLOAT``. The
+        plan does not depend on it.
 
     Returns
     -------
@@ -1091,21 +1107,23 @@ def compile_quantized(config, gather, *, a_addr, b_addr, bias_addr, quant_addr, 
     return _compile_quantized(
         config, gather, dict(a_addr=a_addr, b_addr=b_addr, bias_addr=bias_addr,
                              quant_addr=quant_addr, y_addr=y_addr),
-        out_zero_point, act_min, act_max, schedule)
+        out_zero_point, act_min, act_max, schedule, quant_mode)
 
 
-def _compile_quantized(config, gather, addresses, out_zero_point, act_min, act_max, schedule):
+def _compile_quantized(config, gather, addresses, out_zero_point, act_min, act_max, schedule,
+                       quant_mode=QuantMode.FIXED):
     """:func:`compile_quantized` with the addresses in a dict (activations, weights, bias,
     quantization, output, in that order) whose names the errors and the program use."""
     plan = plan_quantized(config, gather, schedule=schedule)
     zero_point, act_min, act_max = _check_quant_operands(out_zero_point, act_min, act_max)
+    quant_mode = _check_quant_mode(quant_mode)
     n = gather.n
     sizes = (gather.activation_bytes, gather.weight_bytes, 4 * n, 8 * n, gather.output_bytes)
     addresses = {name: _check_region(name, addr, size)
                  for (name, addr), size in zip(addresses.items(), sizes)}
     emit = _Emitter(config)
     _emit_quantized(emit, config, gather, plan.schedule, plan.block_rows,
-                    tuple(addresses.values()), zero_point, act_min, act_max)
+                    tuple(addresses.values()), zero_point, act_min, act_max, quant_mode)
     counted = _counted_plan(config, gather, plan.schedule, plan.block_rows, emit)
     if counted != plan or len(emit.words) != plan.instructions:
         raise RuntimeError(f"compiler bug: the emitted program does not match its plan:\n"
@@ -1115,12 +1133,13 @@ def _compile_quantized(config, gather, addresses, out_zero_point, act_min, act_m
 
 def plan_qgemm(config, m, k, n, *, schedule="auto"):
     """The :class:`QuantPlan` of a quantized ``(m x k) @ (k x n)`` GEMM (see
-    :func:`compile_qgemm`)."""
+    :func:`compile_qgemm`), the same in both requantization modes."""
     return plan_quantized(config, GemmGather(m, k, n), schedule=schedule)
 
 
 def compile_qgemm(config, m, k, n, *, a_addr, b_addr, bias_addr, quant_addr, y_addr,
-                  out_zero_point, act_min, act_max, y_stride=None, schedule="auto"):
+                  out_zero_point, act_min, act_max, y_stride=None, schedule="auto",
+                  quant_mode=QuantMode.FIXED):
     """Compile ``Y = requantize(A @ B + bias)`` into a program for ``config``.
 
     Parameters
@@ -1134,13 +1153,17 @@ def compile_qgemm(config, m, k, n, *, a_addr, b_addr, bias_addr, quant_addr, y_a
         ``n`` INT32: the bias, with the input zero point already folded in
         (``bias - a_zero_point * B.sum(axis=0)``).
     quant_addr : int
-        ``n`` INT32 multipliers, then ``n`` INT32 shifts.
+        ``n`` INT32 multipliers, then ``n`` INT32 shifts; with ``quant_mode=FLOAT``, ``n``
+        float32 scales, then ``n`` zero words.
     y_addr : int
         Y, INT8, ``m`` rows of ``n`` bytes, ``y_stride`` (default ``n``) bytes apart.
     out_zero_point, act_min, act_max : int
         Output zero point and clamp.
     schedule : str
         One of :data:`SCHEDULES`.
+    quant_mode : hw.isa.QuantMode
+        ``FIXED`` (default): TFLite's multipliers and shifts; ``FLOAT``: onnxruntime's
+        float32 scales (``docs/quantization.md``).
 
     Returns
     -------
@@ -1150,4 +1173,4 @@ def compile_qgemm(config, m, k, n, *, a_addr, b_addr, bias_addr, quant_addr, y_a
     return compile_quantized(config, GemmGather(m, k, n, y_stride=y_stride), a_addr=a_addr,
                              b_addr=b_addr, bias_addr=bias_addr, quant_addr=quant_addr,
                              y_addr=y_addr, out_zero_point=out_zero_point, act_min=act_min,
-                             act_max=act_max, schedule=schedule)
+                             act_max=act_max, schedule=schedule, quant_mode=quant_mode)

@@ -18,7 +18,8 @@ DRAM layouts (all row-major, NHWC):
   ``C_in x C_out`` matrix at ``w_addr + t * C_in * C_out``.
 * **Bias**: ``C_out`` INT32 with the input zero point folded in:
   ``bias - in_zero_point * w.sum(axis=(0, 1, 2))``.
-* **Quantization parameters**: ``C_out`` INT32 multipliers, then ``C_out`` INT32 shifts.
+* **Quantization parameters**: ``C_out`` INT32 multipliers, then ``C_out`` INT32 shifts;
+  in the float mode (``scale=``) ``C_out`` float32 scales, then ``C_out`` zero words.
 * **Output**: ``batch x OHb x OWb`` pixels, ``out_pixel_stride`` bytes apart (``C_out`` by
   default), where ``OHb = OH + out top + out bottom`` and likewise ``OWb``: the output is
   written to the interior and the border is left alone.
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hw.config import MAX_K
+from hw.isa import QuantMode
 from .compiler import RowGather, _as_int, _compile_quantized, merge_runs, plan_quantized
 from .errors import NPUTypeError, NPUValueError
 
@@ -280,7 +282,7 @@ def plan_conv2d(config, geometry, *, schedule="auto", lowering="taps", weights=N
 
 def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y_addr,
                    out_zero_point, act_min, act_max, schedule="auto", lowering="taps",
-                   weights=None):
+                   weights=None, quant_mode=QuantMode.FIXED):
     """Compile one quantized convolution into a program.
 
     Parameters
@@ -295,7 +297,8 @@ def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y
     bias_addr : int
         ``out_channels`` INT32: ``bias - in_zero_point * w.sum(axis=(0, 1, 2))``.
     quant_addr : int
-        ``out_channels`` INT32 multipliers, then ``out_channels`` INT32 shifts.
+        ``out_channels`` INT32 multipliers, then ``out_channels`` INT32 shifts; with
+        ``quant_mode=FLOAT``, float32 scales, then zero words.
     y_addr : int
         The output buffer (``geometry.output_bytes``); only its interior is written.
     out_zero_point, act_min, act_max : int
@@ -307,6 +310,8 @@ def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y
     weights : numpy.ndarray, optional
         The HWIO weights themselves: their all-zero tiles are skipped (as by
         :func:`plan_conv2d`).
+    quant_mode : hw.isa.QuantMode
+        ``FIXED`` (default) or ``FLOAT``, see :func:`sw.compiler.compile_qgemm`.
 
     Returns
     -------
@@ -317,7 +322,7 @@ def compile_conv2d(config, geometry, *, x_addr, w_addr, bias_addr, quant_addr, y
     return _compile_quantized(
         config, _gather(geometry, lowering, weights),
         dict(x_addr=x_addr, w_addr=w_addr, bias_addr=bias_addr, quant_addr=quant_addr,
-             y_addr=y_addr), out_zero_point, act_min, act_max, schedule)
+             y_addr=y_addr), out_zero_point, act_min, act_max, schedule, quant_mode)
 
 
 def padded_input(x, padding, zero_point, *, pixel_stride=None):
@@ -341,7 +346,7 @@ def padded_input(x, padding, zero_point, *, pixel_stride=None):
     return buffer
 
 
-def _check_conv2d(x, w, bias, multiplier, shift, stride, padding, in_zero_point,
+def _check_conv2d(x, w, bias, multiplier, shift, scale, stride, padding, in_zero_point,
                   out_zero_point, act_min, act_max):
     from .driver import check_channel_vector, check_int, check_int8_array, check_requantization
     check_int8_array("x", x, 4, "an NHWC tensor")
@@ -351,34 +356,35 @@ def _check_conv2d(x, w, bias, multiplier, shift, stride, padding, in_zero_point,
                             f"w has {w.shape[2]} (shape {w.shape}, HWIO)")
     out_channels = w.shape[3]
     check_channel_vector("bias", bias, out_channels, "output channel")
-    out_zero_point, act_min, act_max = check_requantization(
-        multiplier, shift, out_zero_point, act_min, act_max, out_channels, "output channel")
+    quant_mode, out_zero_point, act_min, act_max = check_requantization(
+        multiplier, shift, out_zero_point, act_min, act_max, out_channels, "output channel",
+        scale)
     in_zero_point = check_int("in_zero_point", in_zero_point, -128, 127)
     batch, height, width, in_channels = x.shape
     geometry = Conv2dGeometry(batch=batch, height=height, width=width,
                               in_channels=in_channels, out_channels=out_channels,
                               kernel_height=w.shape[0], kernel_width=w.shape[1],
                               stride=stride, padding=padding)
-    return geometry, in_zero_point, out_zero_point, act_min, act_max
+    return geometry, quant_mode, in_zero_point, out_zero_point, act_min, act_max
 
 
-def reference_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=0,
-                     out_zero_point, act_min, act_max):
+def reference_conv2d(x, w, bias, multiplier=None, shift=None, *, scale=None, stride=1,
+                     padding=0, in_zero_point=0, out_zero_point, act_min, act_max):
     """The exact result :func:`conv2d` must return, computed plainly with numpy.
 
     The input is padded with ``in_zero_point``, the zero point subtracted, every tap's
     products summed with the bias in INT64 and wrapped to INT32 (as the accumulator wraps),
-    then requantized per output channel with :func:`sw.quant.requantize`.
+    then requantized per output channel with :func:`sw.quant.requantize` (or, given
+    ``scale``, :func:`sw.quant.requantize_float`).
 
     Returns
     -------
     numpy.ndarray
         ``int8``, ``batch x OH x OW x C_out``.
     """
-    from .driver import wrap_int32
-    from .quant import requantize
-    geometry, in_zero_point, out_zero_point, act_min, act_max = _check_conv2d(
-        x, w, bias, multiplier, shift, stride, padding, in_zero_point, out_zero_point,
+    from .driver import reference_requantize, wrap_int32
+    geometry, _, in_zero_point, out_zero_point, act_min, act_max = _check_conv2d(
+        x, w, bias, multiplier, shift, scale, stride, padding, in_zero_point, out_zero_point,
         act_min, act_max)
     g = geometry
     centred = padded_input(x, g.padding, in_zero_point).astype(np.int64) - in_zero_point
@@ -389,12 +395,13 @@ def reference_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_z
                              kw:kw + g.stride * (g.out_width - 1) + 1:g.stride, :]
             acc += window @ w[kh, kw].astype(np.int64)
     acc += bias.astype(np.int64)
-    return requantize(wrap_int32(acc), multiplier, shift, out_zero_point, act_min, act_max)
+    return reference_requantize(wrap_int32(acc), multiplier, shift, scale, out_zero_point,
+                                act_min, act_max)
 
 
-def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=0,
-                   out_zero_point, act_min, act_max, config=None, schedule="auto",
-                   lowering="taps"):
+def prepare_conv2d(x, w, bias, multiplier=None, shift=None, *, scale=None, stride=1, padding=0,
+                   in_zero_point=0, out_zero_point, act_min, act_max, config=None,
+                   schedule="auto", lowering="taps"):
     """Check the operands, compile the convolution and build its DRAM image (see
     :func:`sw.driver.run_jobs`); the arguments are those of :func:`conv2d`.
 
@@ -404,8 +411,8 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
     from .driver import (POISON, PreparedJob, QuantResult, check_config, fold_zero_point,
                          layout_regions, place_region, quant_region)
     config = check_config(config)
-    geometry, in_zero_point, out_zero_point, act_min, act_max = _check_conv2d(
-        x, w, bias, multiplier, shift, stride, padding, in_zero_point, out_zero_point,
+    geometry, quant_mode, in_zero_point, out_zero_point, act_min, act_max = _check_conv2d(
+        x, w, bias, multiplier, shift, scale, stride, padding, in_zero_point, out_zero_point,
         act_min, act_max)
     g = geometry
     folded_bias = fold_zero_point(bias, w.astype(np.int64).sum(axis=(0, 1, 2)), in_zero_point,
@@ -419,7 +426,8 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
         config, geometry, x_addr=layout.addr("x"), w_addr=layout.addr("w"),
         bias_addr=layout.addr("bias"), quant_addr=layout.addr("quant"),
         y_addr=layout.addr("y"), out_zero_point=out_zero_point, act_min=act_min,
-        act_max=act_max, schedule=schedule, lowering=lowering, weights=w)
+        act_max=act_max, schedule=schedule, lowering=lowering, weights=w,
+        quant_mode=quant_mode)
 
     dram = np.zeros(layout.size, dtype=np.uint8)
     dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \
@@ -427,7 +435,7 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
     place_region(dram, layout, "x", padded_input(x, g.padding, in_zero_point))
     place_region(dram, layout, "w", w)
     place_region(dram, layout, "bias", folded_bias.astype("<i4"))
-    place_region(dram, layout, "quant", quant_region(multiplier, shift))
+    place_region(dram, layout, "quant", quant_region(multiplier, shift, scale))
     dram[layout.span("y")] = POISON
 
     def finish(result, config, sim):
@@ -438,9 +446,9 @@ def prepare_conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zer
     return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
 
 
-def conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=0,
-           out_zero_point, act_min, act_max, config=None, sim="model", schedule="auto",
-           lowering="taps"):
+def conv2d(x, w, bias, multiplier=None, shift=None, *, scale=None, stride=1, padding=0,
+           in_zero_point=0, out_zero_point, act_min, act_max, config=None, sim="model",
+           schedule="auto", lowering="taps"):
     """Run a quantized 2-D convolution (groups = 1) on the NPU.
 
     ``y = requantize(conv(x - in_zero_point, w) + bias)``, with the input padded by its zero
@@ -454,6 +462,10 @@ def conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=
         ``int8``, HWIO: ``KH x KW x C_in x C_out``.
     bias, multiplier, shift : numpy.ndarray
         ``int32`` of shape ``(C_out,)``; shifts within -31 .. 31 (positive: right shift).
+        ``multiplier`` and ``shift`` are None when ``scale`` is given.
+    scale : numpy.ndarray, optional
+        ``float32`` of shape ``(C_out,)``: the float mode (onnxruntime's requantization,
+        :func:`sw.quant.requantize_float`) instead of ``multiplier`` and ``shift``.
     stride : int
     padding : int or (top, bottom, left, right)
     in_zero_point, out_zero_point, act_min, act_max : int
@@ -473,9 +485,9 @@ def conv2d(x, w, bias, multiplier, shift, *, stride=1, padding=0, in_zero_point=
         ``y`` is ``int8``, ``batch x OH x OW x C_out``.
     """
     return conv2d_batch([dict(x=x, w=w, bias=bias, multiplier=multiplier, shift=shift,
-                              stride=stride, padding=padding, in_zero_point=in_zero_point,
-                              out_zero_point=out_zero_point, act_min=act_min,
-                              act_max=act_max)],
+                              scale=scale, stride=stride, padding=padding,
+                              in_zero_point=in_zero_point, out_zero_point=out_zero_point,
+                              act_min=act_min, act_max=act_max)],
                         config=config, sim=sim, schedule=schedule, lowering=lowering)[0]
 
 
@@ -484,7 +496,8 @@ def conv2d_batch(problems, config=None, sim="model", *, schedule="auto", lowerin
 
     ``problems`` holds dicts of :func:`conv2d`'s operands by name (``x, w, bias, multiplier,
     shift, out_zero_point, act_min, act_max`` and optionally ``stride, padding,
-    in_zero_point``). Returns a list of :class:`sw.driver.QuantResult`.
+    in_zero_point``; ``scale`` instead of ``multiplier`` and ``shift``). Returns a list of
+    :class:`sw.driver.QuantResult`.
     """
     from .driver import check_config_and_sim, run_jobs
     config = check_config_and_sim(config, sim)

@@ -19,7 +19,8 @@ zero page and program, then one 64-byte aligned region per operand. For :func:`q
     b       B, INT8, K x N row-major
     bias    N INT32 little-endian: bias - a_zero_point * B.sum(axis=0)
     quant   N INT32 multipliers, then N INT32 shifts (LOAD_QUANT reads both rows of an
-            n-tile with dram_stride = 4 N)
+            n-tile with dram_stride = 4 N); given ``scale=`` instead (the float mode),
+            N float32 scales, then N zero words
     y       Y, INT8, M x N row-major, poisoned with 0xA5 before the run
 
 :func:`run_jobs` runs any mix of prepared jobs (:func:`prepare_gemm`, :func:`prepare_qgemm`,
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hw.config import MAX_K, NPUConfig
+from hw.isa import QuantMode
 from . import backend
 from .compiler import compile_gemm, plan_gemm
 from .errors import NPURunError, NPUTypeError, NPUValueError
@@ -465,22 +467,54 @@ def check_channel_vector(name, vector, channels, what):
 
 
 def check_requantization(multiplier, shift, out_zero_point, act_min, act_max, channels,
-                         what):
-    """Check the per-channel multipliers and shifts and the output zero point and clamp;
-    return ``(out_zero_point, act_min, act_max)`` as ints."""
-    check_channel_vector("multiplier", multiplier, channels, what)
-    check_channel_vector("shift", shift, channels, what)
-    bad = np.flatnonzero((shift < -31) | (shift > 31))
-    if bad.size:
-        raise NPUValueError(f"shift must be within -31 .. 31, but shift[{bad[0]}] = "
-                            f"{shift[bad[0]]}")
+                         what, scale=None):
+    """Check the requantization operands: the per-channel multipliers and shifts, or (float
+    mode) the float32 scales, exactly one of the two; and the output zero point and clamp.
+    Return ``(quant_mode, out_zero_point, act_min, act_max)``."""
+    given = [name for name, value in (("multiplier", multiplier), ("shift", shift))
+             if value is not None]
+    if scale is not None:
+        if given:
+            raise NPUValueError(f"give either multiplier and shift or scale, not both: scale "
+                                f"and {' and '.join(given)} were given")
+        quant_mode = QuantMode.FLOAT
+        if not isinstance(scale, np.ndarray) or scale.dtype != np.float32:
+            raise NPUTypeError(f"scale must be a numpy array of float32 (one per {what}), not "
+                               f"{getattr(scale, 'dtype', type(scale).__name__)}")
+        if scale.shape != (channels,):
+            raise NPUValueError(f"scale must have shape ({channels},), one value per {what}, "
+                                f"not {scale.shape}")
+        bad = np.flatnonzero(~np.isfinite(scale))
+        if bad.size:
+            raise NPUValueError(f"scale must be finite, but scale[{bad[0]}] = {scale[bad[0]]}")
+    else:
+        if len(given) < 2:
+            raise NPUValueError(f"give multiplier and shift (the fixed-point requantization) "
+                                f"or scale (the float one); only "
+                                f"{' and '.join(given) or 'neither'} was given")
+        quant_mode = QuantMode.FIXED
+        check_channel_vector("multiplier", multiplier, channels, what)
+        check_channel_vector("shift", shift, channels, what)
+        bad = np.flatnonzero((shift < -31) | (shift > 31))
+        if bad.size:
+            raise NPUValueError(f"shift must be within -31 .. 31, but shift[{bad[0]}] = "
+                                f"{shift[bad[0]]}")
     out_zero_point = check_int("out_zero_point", out_zero_point, -128, 127)
     act_min = check_int("act_min", act_min, -128, 127)
     act_max = check_int("act_max", act_max, -128, 127)
     if act_min > act_max:
         raise NPUValueError(f"act_min must not exceed act_max, but act_min = {act_min} and "
                             f"act_max = {act_max}")
-    return out_zero_point, act_min, act_max
+    return quant_mode, out_zero_point, act_min, act_max
+
+
+def reference_requantize(acc, multiplier, shift, scale, out_zero_point, act_min, act_max):
+    """:func:`sw.quant.requantize`, or :func:`sw.quant.requantize_float` if ``scale`` is
+    given, of checked operands."""
+    from .quant import requantize, requantize_float
+    if scale is not None:
+        return requantize_float(acc, scale, out_zero_point, act_min, act_max)
+    return requantize(acc, multiplier, shift, out_zero_point, act_min, act_max)
 
 
 def fold_zero_point(bias, weight_sums, zero_point, name):
@@ -506,36 +540,41 @@ def wrap_int32(values):
         np.int32)
 
 
-def _check_qgemm(A, B, bias, multiplier, shift, out_zero_point, act_min, act_max,
+def _check_qgemm(A, B, bias, multiplier, shift, scale, out_zero_point, act_min, act_max,
                  a_zero_point):
     _check_operands(A, B)
     n = B.shape[1]
     check_channel_vector("bias", bias, n, "column of B")
-    out_zero_point, act_min, act_max = check_requantization(
-        multiplier, shift, out_zero_point, act_min, act_max, n, "column of B")
+    quant_mode, out_zero_point, act_min, act_max = check_requantization(
+        multiplier, shift, out_zero_point, act_min, act_max, n, "column of B", scale)
     a_zero_point = check_int("a_zero_point", a_zero_point, -128, 127)
-    return out_zero_point, act_min, act_max, a_zero_point
+    return quant_mode, out_zero_point, act_min, act_max, a_zero_point
 
 
-def reference_qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max,
-                    a_zero_point=0):
+def reference_qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_zero_point,
+                    act_min, act_max, a_zero_point=0):
     """The exact result :func:`qgemm` must return.
 
     ``requantize((A - a_zero_point) @ B + bias)``, with the sum taken in INT64 and then
     wrapped to INT32 as the accumulator wraps (a sum that does not fit INT32 is an overflow
     in the hardware and in TFLite alike; the NPU wraps around, and so does this reference).
     It equals ``requantize(A @ B + (bias - a_zero_point * B.sum(axis=0)))``, the folded form
-    the NPU computes, because the two sums are the same integers.
+    the NPU computes, because the two sums are the same integers. ``requantize`` is
+    :func:`sw.quant.requantize`, or :func:`sw.quant.requantize_float` given ``scale``.
     """
-    from .quant import requantize
-    out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
-        A, B, bias, multiplier, shift, out_zero_point, act_min, act_max, a_zero_point)
+    _, out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
+        A, B, bias, multiplier, shift, scale, out_zero_point, act_min, act_max, a_zero_point)
     acc = (A.astype(np.int64) - a_zero_point) @ B.astype(np.int64) + bias.astype(np.int64)
-    return requantize(wrap_int32(acc), multiplier, shift, out_zero_point, act_min, act_max)
+    return reference_requantize(wrap_int32(acc), multiplier, shift, scale, out_zero_point,
+                                act_min, act_max)
 
 
-def quant_region(multiplier, shift):
-    """The ``LOAD_QUANT`` region: multipliers then shifts, INT32 little-endian."""
+def quant_region(multiplier, shift, scale=None):
+    """The ``LOAD_QUANT`` region: multipliers then shifts, INT32 little-endian; or (given
+    ``scale``, the float mode) the float32 scales, little-endian, then as many zero words."""
+    if scale is not None:
+        return np.concatenate([scale.astype("<f4").view(np.uint8),
+                               np.zeros(4 * scale.size, np.uint8)])
     return np.concatenate([multiplier.astype("<i4"), shift.astype("<i4")]).view(np.uint8)
 
 
@@ -544,14 +583,14 @@ def place_region(dram, layout, name, array):
     dram[layout.span(name)] = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
 
 
-def prepare_qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max,
-                  a_zero_point=0, config=None, schedule="auto"):
+def prepare_qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_zero_point,
+                  act_min, act_max, a_zero_point=0, config=None, schedule="auto"):
     """Check the operands, compile the quantized GEMM and build its DRAM image (see
     :func:`run_jobs`); the arguments are those of :func:`qgemm`."""
     from .compiler import compile_qgemm, plan_qgemm
     config = check_config(config)
-    out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
-        A, B, bias, multiplier, shift, out_zero_point, act_min, act_max, a_zero_point)
+    quant_mode, out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
+        A, B, bias, multiplier, shift, scale, out_zero_point, act_min, act_max, a_zero_point)
     m, k = A.shape
     n = B.shape[1]
     folded_bias = fold_zero_point(bias, B.astype(np.int64).sum(axis=0), a_zero_point,
@@ -564,7 +603,7 @@ def prepare_qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act
         config, m, k, n, a_addr=layout.addr("a"), b_addr=layout.addr("b"),
         bias_addr=layout.addr("bias"), quant_addr=layout.addr("quant"),
         y_addr=layout.addr("y"), out_zero_point=out_zero_point, act_min=act_min,
-        act_max=act_max, schedule=schedule)
+        act_max=act_max, schedule=schedule, quant_mode=quant_mode)
 
     dram = np.zeros(layout.size, dtype=np.uint8)
     dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \
@@ -572,7 +611,7 @@ def prepare_qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act
     place_region(dram, layout, "a", A)
     place_region(dram, layout, "b", B)
     place_region(dram, layout, "bias", folded_bias.astype("<i4"))
-    place_region(dram, layout, "quant", quant_region(multiplier, shift))
+    place_region(dram, layout, "quant", quant_region(multiplier, shift, scale))
     dram[layout.span("y")] = POISON
 
     def finish(result, config, sim):
@@ -582,14 +621,16 @@ def prepare_qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act
     return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
 
 
-def qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max, a_zero_point=0,
-          config=None, sim="model", schedule="auto"):
+def qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_zero_point, act_min,
+          act_max, a_zero_point=0, config=None, sim="model", schedule="auto"):
     """Compute ``Y = requantize((A - a_zero_point) @ B + bias)`` on the NPU, in INT8.
 
     The input zero point is folded into the bias on the host
     (``bias - a_zero_point * B.sum(axis=0)``), so the array multiplies the raw INT8 values;
     the bias is loaded into the accumulator, every k-tile accumulates onto it, and ``STORE_Q``
-    requantizes per output column (:func:`sw.quant.requantize`).
+    requantizes per output column: with ``multiplier`` and ``shift`` as TFLite does
+    (:func:`sw.quant.requantize`), with ``scale`` instead as onnxruntime does
+    (:func:`sw.quant.requantize_float`).
 
     Parameters
     ----------
@@ -599,6 +640,10 @@ def qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max, a_
         ``int8``, ``K x N``, ``K <= hw.config.MAX_K``.
     bias, multiplier, shift : numpy.ndarray
         ``int32`` of shape ``(N,)``; shifts within -31 .. 31 (positive: right shift).
+        ``multiplier`` and ``shift`` are None when ``scale`` is given.
+    scale : numpy.ndarray, optional
+        ``float32`` of shape ``(N,)``, finite: the float mode's scales, instead of
+        ``multiplier`` and ``shift``.
     out_zero_point, act_min, act_max : int
         Output zero point and clamp, within -128 .. 127, ``act_min <= act_max``.
     a_zero_point : int
@@ -623,8 +668,8 @@ def qgemm(A, B, bias, multiplier, shift, *, out_zero_point, act_min, act_max, a_
         As for :func:`gemm`.
     """
     return qgemm_batch([dict(A=A, B=B, bias=bias, multiplier=multiplier, shift=shift,
-                             out_zero_point=out_zero_point, act_min=act_min, act_max=act_max,
-                             a_zero_point=a_zero_point)],
+                             scale=scale, out_zero_point=out_zero_point, act_min=act_min,
+                             act_max=act_max, a_zero_point=a_zero_point)],
                        config=config, sim=sim, schedule=schedule)[0]
 
 
@@ -635,7 +680,8 @@ def qgemm_batch(problems, config=None, sim="model", *, schedule="auto"):
     ----------
     problems : iterable of dict
         Each holds the arguments of :func:`qgemm` by name: ``A, B, bias, multiplier, shift,
-        out_zero_point, act_min, act_max`` and optionally ``a_zero_point``.
+        out_zero_point, act_min, act_max`` and optionally ``a_zero_point``, or ``scale``
+        instead of ``multiplier`` and ``shift``.
 
     Every problem is checked and compiled before anything runs. Returns a list of
     :class:`QuantResult`.

@@ -24,15 +24,18 @@ Semantics, in the order the checks are made (the RTL makes the same checks in th
 * ``LOAD_QUANT``: ``BAD_LENGTH`` (``row_bytes`` zero, not a multiple of 4, or above ``4 C``),
   ``DRAM_RANGE`` and ``BUS_READ`` for its two rows (at ``dram_addr`` and
   ``dram_addr + dram_stride``), then ``QUANT`` (a ``zero_point`` outside -128 .. 127,
-  ``act_min > act_max``, or a loaded shift outside -31 .. 31). Row 0 holds INT32 multipliers,
-  row 1 INT32 shifts (positive: right shift), lane ``j`` at byte ``4 j``, little-endian; lanes
-  past ``row_bytes / 4`` get multiplier 0 and shift 0. A failing ``LOAD_QUANT`` leaves the
-  requantization state as it was. The reset state is multipliers 0, shifts 0, zero point 0,
-  clamp -128 .. 127.
+  ``act_min > act_max``; in fixed-point mode a loaded shift outside -31 .. 31, in float mode
+  a NaN or infinite scale or a non-zero lane in row 1). Lane ``j`` is at byte ``4 j``,
+  little-endian. In fixed-point mode (``mode`` 0) row 0 holds INT32 multipliers and row 1
+  INT32 shifts (positive: right shift); in float mode (``mode`` 1) row 0 holds float32
+  scales and row 1 is reserved (zero). Lanes past ``row_bytes / 4`` get 0 in both rows. A
+  failing ``LOAD_QUANT`` leaves the requantization state as it was. The reset state is
+  fixed-point mode, multipliers 0, shifts 0, zero point 0, clamp -128 .. 127.
 * ``STORE_Q``: ``BAD_LENGTH`` (zero rows or bytes, ``row_bytes > C``), ``ACC_RANGE``,
   ``DRAM_RANGE``, ``BUS_WRITE``. Accumulator row ``acc_addr + r`` is requantized with
-  :func:`sw.quant.requantize` and the state of the last ``LOAD_QUANT``; its first
-  ``row_bytes`` INT8 lanes go to ``dram_addr + r * dram_stride`` (later rows win on overlap).
+  :func:`sw.quant.requantize` (or in float mode :func:`sw.quant.requantize_float`) and the
+  state of the last ``LOAD_QUANT``; its first ``row_bytes`` INT8 lanes go to
+  ``dram_addr + r * dram_stride`` (later rows win on overlap).
 
 A DMA instruction that would touch any byte outside the DRAM fails before it moves anything:
 the model leaves the DRAM untouched by a failing ``STORE``. (The RTL may already have written
@@ -42,11 +45,11 @@ are therefore not part of the contract.)
 
 import numpy as np
 
-from hw.isa import ErrorCode, INSTR_BYTES, Opcode
+from hw.isa import ErrorCode, INSTR_BYTES, Opcode, QuantMode
 from sim.result import RunResult
 from . import codec
 from .errors import NPUTypeError, NPUValueError
-from .quant import requantize
+from .quant import requantize, requantize_float
 
 
 __all__ = ["ModelNPU"]
@@ -100,8 +103,11 @@ class ModelNPU:
         Accumulator, little-endian ``int32`` of shape ``(acc_depth, cols)``.
     weights : numpy.ndarray
         The weights the array holds, ``int8`` of shape ``(rows, cols)``.
+    quant_mode : hw.isa.QuantMode
+        How ``STORE_Q`` requantizes.
     multipliers, shifts : numpy.ndarray
-        The requantization state of ``STORE_Q``: ``int32`` of shape ``(cols,)``.
+        The requantization state of ``STORE_Q``: ``int32`` of shape ``(cols,)`` (in float
+        mode ``multipliers`` holds the float32 scales' bits, and ``shifts`` zeros).
     zero_point, act_min, act_max : int
         The output zero point and clamp of ``STORE_Q``.
     """
@@ -124,11 +130,12 @@ class ModelNPU:
 
     def reset(self):
         """Return to the reset state: every memory and the weights zero, the requantization
-        state multipliers 0, shifts 0, zero point 0 and clamp -128 .. 127."""
+        state fixed-point mode, multipliers 0, shifts 0, zero point 0 and clamp -128 .. 127."""
         config = self.config
         self.spad = np.zeros((config.spad_depth, config.spad_row_bytes), dtype=np.uint8)
         self.acc = np.zeros((config.acc_depth, config.cols), dtype="<i4")
         self.weights = np.zeros((config.rows, config.cols), dtype=np.int8)
+        self.quant_mode = QuantMode.FIXED
         self.multipliers = np.zeros(config.cols, dtype=np.int32)
         self.shifts = np.zeros(config.cols, dtype=np.int32)
         self.zero_point = 0
@@ -257,7 +264,7 @@ class ModelNPU:
         self._write_rows(dram, source, dram_addr, dram_stride)
 
     def _load_quant(self, dram, dram_addr, dram_stride, row_bytes, zero_point, act_min,
-                    act_max):
+                    act_max, mode=QuantMode.FIXED):
         config = self.config
         if row_bytes == 0 or row_bytes % 4 or row_bytes > config.acc_row_bytes:
             raise _Fault(ErrorCode.BAD_LENGTH)
@@ -268,10 +275,15 @@ class ModelNPU:
         shifts = np.zeros(config.cols, dtype=np.int32)
         multipliers[:lanes] = np.ascontiguousarray(rows[0]).view("<i4")
         shifts[:lanes] = np.ascontiguousarray(rows[1]).view("<i4")
-        if (not -128 <= zero_point <= 127 or act_min > act_max
-                or np.any((shifts < -31) | (shifts > 31))):
+        mode = QuantMode(mode)
+        if mode is QuantMode.FLOAT:
+            bad_rows = (not np.all(np.isfinite(multipliers.view(np.float32)))
+                        or np.any(shifts != 0))
+        else:
+            bad_rows = np.any((shifts < -31) | (shifts > 31))
+        if not -128 <= zero_point <= 127 or act_min > act_max or bad_rows:
             raise _Fault(ErrorCode.QUANT)
-        self.multipliers, self.shifts = multipliers, shifts
+        self.quant_mode, self.multipliers, self.shifts = mode, multipliers, shifts
         self.zero_point, self.act_min, self.act_max = zero_point, act_min, act_max
 
     def _store_q(self, dram, acc_addr, rows, row_bytes, dram_addr, dram_stride):
@@ -281,8 +293,13 @@ class ModelNPU:
         if acc_addr + rows > config.acc_depth:
             raise _Fault(ErrorCode.ACC_RANGE)
         _check_block(dram.size, dram_addr, rows, row_bytes, dram_stride, ErrorCode.BUS_WRITE)
-        quantized = requantize(self.acc[acc_addr:acc_addr + rows], self.multipliers,
-                               self.shifts, self.zero_point, self.act_min, self.act_max)
+        acc = self.acc[acc_addr:acc_addr + rows]
+        if self.quant_mode is QuantMode.FLOAT:
+            quantized = requantize_float(acc, self.multipliers.view(np.float32),
+                                         self.zero_point, self.act_min, self.act_max)
+        else:
+            quantized = requantize(acc, self.multipliers, self.shifts, self.zero_point,
+                                   self.act_min, self.act_max)
         self._write_rows(dram, quantized.view(np.uint8)[:, :row_bytes], dram_addr,
                          dram_stride)
 

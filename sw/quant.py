@@ -27,14 +27,24 @@ with gemmlowp's definitions::
 This is TFLite's ``MultiplyByQuantizedMultiplier`` with our sign convention for the shift and
 a saturating left shift. The hardware (``hw/requant.py``) implements the same formula;
 ``docs/quantization.md`` states it for users.
+
+The float mode (:func:`requantize_float`, ``hw/requant_float.py``) is onnxruntime's CPU
+requantization instead (MLAS ``MlasRequantizeOutput``), with a float32 scale per channel::
+
+    f = float32(acc)                          (round to nearest even)
+    f = float32(f * scale)                    (round to nearest even)
+    f = min(max(f, float32(lo - Z)), float32(hi - Z))
+    y = round_half_to_even(f) + Z
 """
 
 import math
 
 import numpy as np
 
+from .errors import NPUTypeError, NPUValueError
 
-__all__ = ["INT32_MIN", "INT32_MAX", "requantize", "quantize_multiplier"]
+
+__all__ = ["INT32_MIN", "INT32_MAX", "requantize", "requantize_float", "quantize_multiplier"]
 
 
 INT32_MIN = -(1 << 31)
@@ -89,6 +99,58 @@ def requantize(acc, multiplier, shift, zero_point, act_min, act_max):
     high = _saturating_rounding_doubling_high_mul(x, multiplier)
     rounded = _rounding_divide_by_pot(high, right)
     return np.clip(rounded + zero_point, act_min, act_max).astype(np.int8)
+
+
+def _check_int(name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise NPUTypeError(f"{name} must be an integer, not {value!r}")
+    if not -128 <= value <= 127:
+        raise NPUValueError(f"{name} must be within -128 .. 127, not {value}")
+    return int(value)
+
+
+def requantize_float(acc, scale, zero_point, act_min, act_max):
+    """Requantize INT32 accumulators to INT8 as onnxruntime's CPU kernels do, per output
+    channel (the last axis): float32 arithmetic, rounding half to even.
+
+    Parameters
+    ----------
+    acc : array of int32, shape (..., N)
+    scale : numpy.float32 or array of float32, shape (N,)
+        Finite; zero, negative and subnormal scales are taken as they are.
+    zero_point, act_min, act_max : int
+        Output zero point and clamp, all within -128 .. 127, ``act_min <= act_max``.
+
+    Returns
+    -------
+    numpy.ndarray of int8, the shape of ``acc``.
+    """
+    acc = np.asarray(acc)
+    if acc.dtype != np.int32:
+        raise NPUTypeError(f"acc must have dtype int32, not {acc.dtype}")
+    if getattr(scale, "dtype", None) != np.float32:
+        raise NPUTypeError(f"scale must be float32 (a numpy.float32 or a float32 array), not "
+                           f"{getattr(scale, 'dtype', type(scale).__name__)}; a float64 scale "
+                           f"would be rounded silently")
+    scale = np.asarray(scale)
+    if scale.ndim > 1 or (scale.ndim == 1 and acc.shape[-1:] != scale.shape):
+        raise NPUValueError(f"scale must be a scalar or have shape {acc.shape[-1:]} (one per "
+                            f"channel of acc), not {scale.shape}")
+    if not np.all(np.isfinite(scale)):
+        bad = np.flatnonzero(~np.isfinite(np.atleast_1d(scale)))[0]
+        raise NPUValueError(f"scale must be finite, but scale[{bad}] = "
+                            f"{np.atleast_1d(scale)[bad]}")
+    zero_point = _check_int("zero_point", zero_point)
+    act_min, act_max = _check_int("act_min", act_min), _check_int("act_max", act_max)
+    if act_min > act_max:
+        raise NPUValueError(f"act_min must not exceed act_max, not {act_min} > {act_max}")
+    # int32 -> float64 is exact, so float64 -> float32 is the one rounding (to nearest even).
+    value = acc.astype(np.float64).astype(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        value = value * scale                         # float32 * float32, rounded once
+    value = np.minimum(np.maximum(value, np.float32(act_min - zero_point)),
+                       np.float32(act_max - zero_point))
+    return (np.rint(value).astype(np.int32) + zero_point).astype(np.int8)
 
 
 def quantize_multiplier(real_multiplier):

@@ -7,7 +7,7 @@ index of the failing instruction.
 """
 
 from hw.config import NPUConfig
-from hw.isa import ErrorCode, Opcode, encode
+from hw.isa import ErrorCode, Opcode, QuantMode, encode
 
 
 CONFIG = NPUConfig(rows=2, cols=2, spad_depth=16, acc_depth=8, bus_width=64)
@@ -34,10 +34,10 @@ def matmul(spad_addr, acc_addr, rows, accumulate):
 
 
 def load_quant(row_bytes, *, dram_addr=0x1000, dram_stride=64, zero_point=0, act_min=-128,
-               act_max=127):
+               act_max=127, mode=QuantMode.FIXED):
     return encode(Opcode.LOAD_QUANT, dram_addr=dram_addr, dram_stride=dram_stride,
                   row_bytes=row_bytes, zero_point=zero_point, act_min=act_min,
-                  act_max=act_max)
+                  act_max=act_max, mode=mode)
 
 
 def store_q(acc_addr, rows, row_bytes, dram_addr, dram_stride):

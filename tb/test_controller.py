@@ -16,7 +16,7 @@ from error_cases import (CONFIG, END, ERROR_PROGRAMS, GOOD_LOAD, PROG_ADDR, load
                          load_quant, load_spad, matmul, preload, store)
 from hw.axi import Resp
 from hw.config import NPUConfig
-from hw.isa import INSTR_BYTES, ErrorCode, Opcode, Status
+from hw.isa import INSTR_BYTES, ErrorCode, Opcode, QuantMode, Status
 from sim import amaranth_sim
 from sim.amaranth_sim import wrap32
 
@@ -254,6 +254,22 @@ def test_load_quant_shift_out_of_range(shift):
     outcomes, _ = run_jobs(jobs, seed=abs(shift) % 1000)
     assert_error(outcomes[0], ErrorCode.QUANT, 0, f"shift {shift}")
     assert_done(outcomes[1], "shifts 31 and -31")
+
+
+@pytest.mark.parametrize("scales, reserved", [
+    ([1.0, np.inf], [0, 0]), ([np.nan, 1.0], [0, 0]), ([1.0, 1.0], [0, 5])])
+def test_load_quant_float_checks(scales, reserved):
+    """In float mode a NaN or infinite scale, or a non-zero lane of the reserved row 1,
+    ends in QUANT; finite scales (a subnormal one too) with a zero row 1 do not."""
+    def rows(scales, reserved):
+        return [(0x1000, np.array(scales, dtype="<f4").tobytes()),
+                (0x1008, np.array(reserved, dtype="<i4").tobytes())]
+    word = load_quant(8, dram_addr=0x1000, dram_stride=8, mode=QuantMode.FLOAT)
+    jobs = [Job([word, END], data=rows(scales, reserved)),
+            Job([word, END], data=rows([-3.4028235e38, 1e-45], [0, 0]))]
+    outcomes, _ = run_jobs(jobs, seed=len(scales) + sum(reserved))
+    assert_error(outcomes[0], ErrorCode.QUANT, 0, f"scales {scales}, row 1 {reserved}")
+    assert_done(outcomes[1], "finite scales")
 
 
 def test_unaligned_program_address():

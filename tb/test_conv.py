@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 
 from hw.config import MAX_K, NPUConfig
-from hw.isa import Opcode
+from hw.isa import Opcode, QuantMode
 from quant_cases import random_conv_problem, random_int8, random_requantization
 from sw import codec
 from sw.compiler import SCHEDULES
 from sw.conv import (LOWERINGS, Conv2dGeometry, compile_conv2d, conv2d, conv2d_batch,
-                     padded_input, plan_conv2d, reference_conv2d)
+                     padded_input, plan_conv2d, prepare_conv2d, reference_conv2d)
 from sw.driver import POISON, QuantResult, fold_zero_point, qgemm
 from sw.errors import NPUTypeError, NPUValueError, PlanError
 from sw.model import ModelNPU
-from sw.quant import requantize
+from sw.quant import requantize, requantize_float
 
 
 SEED = 20240919
@@ -73,6 +73,45 @@ def test_shapes_bit_exact(case, lowering):
         (kernel_height, kernel_width * in_channels))
     for name, value in problem.items():
         assert np.array_equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+@pytest.mark.parametrize("case", CASES[::3], ids=lambda case: "-".join(map(str, case)))
+def test_float_mode_shapes_bit_exact(case, lowering):
+    """The float mode (``scale=``) on every third shape: onnxruntime's requantization."""
+    config_name, batch, height, width, in_channels, out_channels, kernel, stride, padding = \
+        case
+    seed = SEED + 1000 + CASES.index(case)
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    problem = random_conv_problem(rng, batch, height, width, in_channels, out_channels, kernel,
+                                  stride, padding, float_mode=True)
+    result = check(problem, NPUConfig.from_name(config_name), lowering=lowering)
+    assert result.y.size < 20 or len(np.unique(result.y)) > 8
+    job = prepare_conv2d(**problem, config=NPUConfig.from_name(config_name), lowering=lowering)
+    loads = [fields for op, fields in map(codec.decode, job.program.words)
+             if op is Opcode.LOAD_QUANT]
+    assert loads and all(fields["mode"] == QuantMode.FLOAT for fields in loads)
+    quant = job.dram[job.layout.span("quant")]
+    assert np.array_equal(quant[:4 * out_channels].view("<f4"), problem["scale"])
+    assert not quant[4 * out_channels:].any()
+
+
+def test_float_reference_against_a_scalar_loop():
+    seed = SEED + 650
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    problem = random_conv_problem(rng, 1, 4, 5, 3, 4, 3, 1, 1, float_mode=True)
+    expected = reference_conv2d(**problem)
+    padded = padded_input(problem["x"], 1, problem["in_zero_point"]).astype(np.int64) - \
+        problem["in_zero_point"]
+    for oh, ow, co in np.ndindex(expected.shape[1:]):
+        acc = int(problem["bias"][co]) + int(
+            (padded[0, oh:oh + 3, ow:ow + 3, :] * problem["w"][:, :, :, co]).sum())
+        y = requantize_float(np.array([acc], np.int32), problem["scale"][co:co + 1],
+                             problem["out_zero_point"], problem["act_min"],
+                             problem["act_max"])[0]
+        assert expected[0, oh, ow, co] == y, (oh, ow, co)
 
 
 @pytest.mark.parametrize("schedule", ["resident", "streaming"])
@@ -437,6 +476,12 @@ def good_problem():
     (dict(padding=-2), NPUValueError, "padding must not be negative"),
     (dict(padding=0, w=np.ones((5, 5, 3, 2), np.int8)), NPUValueError,
      "kernel does not fit"),
+    (dict(scale=np.ones(2, np.float32)), NPUValueError, "not both"),
+    (dict(multiplier=None, shift=None), NPUValueError, "or scale"),
+    (dict(multiplier=None, shift=None, scale=np.ones(2, np.float16)), NPUTypeError,
+     "scale must be a numpy array of float32"),
+    (dict(multiplier=None, shift=None, scale=np.array([np.nan, 1], np.float32)),
+     NPUValueError, "scale must be finite"),
 ])
 def test_conv2d_rejects(changes, error, match):
     problem = dict(good_problem(), **changes)

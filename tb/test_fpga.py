@@ -22,6 +22,7 @@ from amaranth.lib.memory import Memory
 from fpga.flow import ECP5Target, FlowOptions, run
 from hw.config import NPUConfig
 from hw.requant import Requantizer
+from hw.requant_float import FloatRequantizer
 from hw.systolic import SystolicArray
 
 
@@ -172,12 +173,13 @@ def test_mult18x18d_form_matches_plain_array(rows, cols, seed, tmp_path):
 
 
 class _PlainAndFPGARequantizers(Elaboratable):
-    """The plain requantizer and its MULT18X18D form side by side, fed one accumulator row
-    per cycle from a ROM (valid, lanes) with fixed parameters; ``mismatch`` latches the first
-    cycle their outputs differ, ``results`` counts valid result rows."""
-    def __init__(self, parameters, schedule):
-        self.parameters, self.schedule = parameters, schedule
-        self.cols = len(parameters["multiplier"])
+    """The plain requantizer (``design``: :class:`Requantizer` or :class:`FloatRequantizer`)
+    and its MULT18X18D form side by side, fed one accumulator row per cycle from a ROM
+    (valid, lanes) with fixed parameters; ``mismatch`` latches the first cycle their outputs
+    differ, ``results`` counts valid result rows."""
+    def __init__(self, parameters, schedule, design=Requantizer):
+        self.parameters, self.schedule, self.design = parameters, schedule, design
+        self.cols = len(schedule[0][1])
         self.mismatch = Signal()
         self.results = Signal(16)
         self.done = Signal()
@@ -185,8 +187,8 @@ class _PlainAndFPGARequantizers(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         cols = self.cols
-        m.submodules.plain = plain = Requantizer(cols, dsp=False)
-        m.submodules.fpga = fpga = Requantizer(cols)
+        m.submodules.plain = plain = self.design(cols, dsp=False)
+        m.submodules.fpga = fpga = self.design(cols)
         layout = data.StructLayout({"valid": 1, "acc": data.ArrayLayout(signed(32), cols)})
         words = [layout.const({"valid": valid, "acc": acc}).as_value().value
                  for valid, acc in self.schedule]
@@ -232,6 +234,36 @@ def test_mult18x18d_form_of_the_requantizer_matches_plain(seed, tmp_path):
         schedule.append((int(rng.random() < 0.7), [int(v) for v in acc]))
     schedule += [(0, [0] * cols)] * (Requantizer.latency + 2)
     pair = _PlainAndFPGARequantizers(parameters, schedule)
+    text, ran = _run_pair(pair, tmp_path)
+    assert text.count("MULT18X18D #") == 4 * cols
+    rows_in = sum(valid for valid, _ in schedule)
+    assert f"MISMATCH=0 RESULTS={rows_in}" in ran.stdout, (ran.stdout, ran.stderr, seed)
+
+
+@pytest.mark.parametrize("seed", [53])
+def test_mult18x18d_form_of_the_float_requantizer_matches_plain(seed, tmp_path):
+    """The same for the float mode's requantizer: its partial products on MULT18X18D give
+    the plain block's outputs cycle by cycle, on edge and random accumulators and scales."""
+    if shutil.which("iverilog") is None:
+        pytest.fail("Icarus Verilog is not installed (apt-get install -y iverilog)")
+    rng = np.random.default_rng(seed)
+    int32_min, int32_max = -(1 << 31), (1 << 31) - 1
+    scales = np.array([0.5, -1.5, 2.0 ** -24, 1e-45, 3.4028235e38,
+                       *(rng.uniform(-1, 1, 3) * 2.0 ** rng.integers(-30, 0, 3))], np.float32)
+    cols = len(scales)
+    zero_point = int(rng.integers(-128, 128))
+    act_min = int(rng.integers(-128, 128))
+    parameters = {"scale": [int(bits) for bits in scales.view(np.uint32)],
+                  "zero_point": zero_point, "act_min": act_min,
+                  "act_max": int(rng.integers(act_min, 128))}
+    edges = [0, 1, -1, 5, -7, int32_max, int32_min, (1 << 24) + 1, 12345678]
+    schedule = [(1, [edge] * cols) for edge in edges]
+    for _ in range(120):
+        magnitude = rng.integers(0, 32, cols)
+        acc = rng.integers(int32_min, int32_max, cols, endpoint=True) >> magnitude
+        schedule.append((int(rng.random() < 0.7), [int(v) for v in acc]))
+    schedule += [(0, [0] * cols)] * (FloatRequantizer.latency + 2)
+    pair = _PlainAndFPGARequantizers(parameters, schedule, design=FloatRequantizer)
     text, ran = _run_pair(pair, tmp_path)
     assert text.count("MULT18X18D #") == 4 * cols
     rows_in = sum(valid for valid, _ in schedule)

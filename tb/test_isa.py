@@ -5,7 +5,7 @@ import random
 import pytest
 
 from hw import isa
-from hw.isa import Opcode
+from hw.isa import Opcode, QuantMode
 from sw import codec
 from sw.errors import NPUTypeError, NPUValueError
 
@@ -18,14 +18,14 @@ EXPECTED_FIELDS = {
     Opcode.PRELOAD:   ["spad_addr"],
     Opcode.MATMUL:    ["spad_addr", "acc_addr", "rows", "accumulate", "k_width", "n_width"],
     Opcode.STORE:     ["acc_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
-    Opcode.LOAD_QUANT: ["dram_addr", "dram_stride", "row_bytes", "zero_point", "act_min",
-                        "act_max"],
+    Opcode.LOAD_QUANT: ["dram_addr", "dram_stride", "row_bytes", "zero_point", "mode",
+                        "act_min", "act_max"],
     Opcode.STORE_Q:   ["acc_addr", "rows", "row_bytes", "dram_addr", "dram_stride"],
 }
 EXPECTED_WIDTHS = {"local_addr": 16, "rows": 16, "row_bytes": 16, "dram_addr": 32,
                    "dram_stride": 32, "spad_addr": 16, "acc_addr": 16, "accumulate": 1,
                    "k_width": 9, "n_width": 9,
-                   "zero_point": 16, "act_min": 8, "act_max": 8}
+                   "zero_point": 15, "mode": 1, "act_min": 8, "act_max": 8}
 #: The two's complement fields; every other field is unsigned.
 SIGNED_FIELDS = {"zero_point", "act_min", "act_max"}
 
@@ -84,13 +84,16 @@ def test_field_extremes(opcode):
         assert codec.decode(word) == (opcode, fields)
 
 
-def test_signed_fields_two_complement():
+@pytest.mark.parametrize("mode", list(QuantMode))
+def test_signed_fields_two_complement(mode):
     fields = dict(dram_addr=0x1000, dram_stride=64, row_bytes=32, zero_point=-128,
-                  act_min=-128, act_max=-1)
+                  mode=mode, act_min=-128, act_max=-1)
     word = codec.encode(Opcode.LOAD_QUANT, **fields)
     assert word == isa.encode(Opcode.LOAD_QUANT, **fields)
     specs = {spec.name: spec for spec in codec.FIELDS[Opcode.LOAD_QUANT]}
-    for name, raw in (("zero_point", 0xFF80), ("act_min", 0x80), ("act_max", 0xFF)):
+    # The zero point's 15 bits end below the mode bit: a negative one does not set it.
+    for name, raw in (("zero_point", 0x7F80), ("mode", mode.value), ("act_min", 0x80),
+                      ("act_max", 0xFF)):
         spec = specs[name]
         assert (word >> spec.offset) & spec.mask == raw
     assert codec.decode(word) == (Opcode.LOAD_QUANT, fields)

@@ -8,7 +8,7 @@ import pytest
 from controller_blocks import CONFIG, READ_ROW_BYTES, command_of, offer, pack
 from error_cases import load_acc, load_quant, load_spad
 from hw.controller.load_unit import LoadUnit
-from hw.isa import ErrorCode
+from hw.isa import ErrorCode, QuantMode
 from sim.amaranth_sim import run_simulation
 
 
@@ -49,7 +49,7 @@ def run_load(word, *, accept_at=3, row_cycles=(6, 7, 9), payloads=None, done_at=
                 "fault": fault.valid and (ErrorCode(fault.code), fault.pc),
                 "quant": ctx.get(dut.quant.valid) and (
                     list(quant.multiplier), list(quant.shift), quant.zero_point,
-                    quant.act_min, quant.act_max),
+                    quant.act_min, quant.act_max, quant.mode),
             })
             await ctx.tick()
             ctx.set(dut.issue.cmd.valid, 0)
@@ -118,10 +118,39 @@ def test_load_quant(operands, shifts, ok):
     assert trace[1]["cmd"] == (0x3000, 2, 12, 0x40)
     assert column(trace, "busy")[1:11] == [(1, 0, 0)] * 9 + [(0, 0, 0)]
     state = (MULTIPLIERS, shifts, operands["zero_point"], operands["act_min"],
-             operands["act_max"])
+             operands["act_max"], QuantMode.FIXED)
     assert column(trace, "quant") == [0] * 9 + [state if ok else 0] + [0] * 4
     assert column(trace, "fault") == [0] * 9 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 4
     assert not any(column(trace, "spad")) and not any(column(trace, "acc"))
+
+
+def float_bits(*values):
+    return [int(bits) for bits in np.array(values, np.float32).view(np.int32)]
+
+
+@pytest.mark.parametrize("operands, scales, reserved, ok", [
+    (QUANT_OK, float_bits(0.5, -1e-45, 3.4028235e38), [0, 0, 0], True),
+    (dict(zero_point=127, act_min=-128, act_max=127), float_bits(0, -0.0, 1), [0, 0, 0], True),
+    (dict(zero_point=128, act_min=-128, act_max=127), float_bits(1, 1, 1), [0, 0, 0], False),
+    (dict(zero_point=0, act_min=5, act_max=4), float_bits(1, 1, 1), [0, 0, 0], False),
+    (QUANT_OK, float_bits(1, np.inf, 1), [0, 0, 0], False),
+    (QUANT_OK, float_bits(-np.inf, 1, 1), [0, 0, 0], False),
+    (QUANT_OK, float_bits(1, 1, np.nan), [0, 0, 0], False),
+    (QUANT_OK, [1, 1, 0x7F80_0001], [0, 0, 0], False),        # a signalling NaN
+    (QUANT_OK, float_bits(1, 1, 1), [0, 1, 0], False),         # row 1 is reserved
+    (QUANT_OK, float_bits(1, 1, 1), [0, 0, -(1 << 31)], False),
+    (QUANT_OK, float_bits(1, 1, 1), [0, 0, 1 << 6], False),    # not only the shifts' 6 bits
+])
+def test_load_quant_float(operands, scales, reserved, ok):
+    """In float mode the scales are checked for NaN and infinity and row 1 for zero; the
+    state carries the mode."""
+    word = load_quant(12, dram_addr=0x3000, dram_stride=0x40, mode=QuantMode.FLOAT,
+                      **operands)
+    trace = run_load(word, row_cycles=(6, 8), payloads=[pack(scales, 4), pack(reserved, 4)])
+    state = (scales, [0, 0, 0], operands["zero_point"], operands["act_min"],
+             operands["act_max"], QuantMode.FLOAT)
+    assert column(trace, "quant") == [0] * 9 + [state if ok else 0] + [0] * 4
+    assert column(trace, "fault") == [0] * 9 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 4
 
 
 @pytest.mark.parametrize("word", [load_spad(0, 4, 3, 0x100, 3),

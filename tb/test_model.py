@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hw.config import NPUConfig
-from hw.isa import ErrorCode, Opcode
+from hw.isa import ErrorCode, Opcode, QuantMode
 from sim.result import RunResult
 from sw import codec
 from sw.backend import run_program
@@ -485,11 +485,11 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def load_quant(dram_addr, row_bytes, zero_point=0, act_min=-128, act_max=127,
-               dram_stride=None):
+               dram_stride=None, mode=QuantMode.FIXED):
     return (Opcode.LOAD_QUANT, dict(dram_addr=dram_addr,
                                     dram_stride=0x40 if dram_stride is None else dram_stride,
                                     row_bytes=row_bytes, zero_point=zero_point,
-                                    act_min=act_min, act_max=act_max))
+                                    act_min=act_min, act_max=act_max, mode=mode))
 
 
 def store_q(acc_addr, rows, row_bytes, dram_addr, dram_stride=None):
@@ -638,7 +638,7 @@ LOAD_QUANT_ERROR_CASES = [
     (DRAM_SIZE - 8, 0, 12, -200, 3, 2, None, ErrorCode.BUS_READ),          # before QUANT
     (0x300, 0x40, 12, 128, -128, 127, None, ErrorCode.QUANT),
     (0x300, 0x40, 12, -129, -128, 127, None, ErrorCode.QUANT),
-    (0x300, 0x40, 12, -32768, -128, 127, None, ErrorCode.QUANT),
+    (0x300, 0x40, 12, -16384, -128, 127, None, ErrorCode.QUANT),       # the field's minimum
     (0x300, 0x40, 12, 127, -128, 127, None, None),
     (0x300, 0x40, 12, -128, -128, 127, None, None),
     (0x300, 0x40, 12, 0, 1, 0, None, ErrorCode.QUANT),
@@ -674,6 +674,95 @@ def test_load_quant_errors(case):
         # A failing LOAD_QUANT leaves the state of the one before it.
         assert model.multipliers.tolist() == good["multipliers"]
         assert model.shifts.tolist() == good["shifts"]
+        assert (model.zero_point, model.act_min, model.act_max) == (-9, -100, 100)
+
+
+def float_rows(scales, reserved=(0, 0, 0)):
+    """The two float-mode LOAD_QUANT rows at 0x300 (float32 scales) and 0x340 (reserved)."""
+    return [(0x300, np.array(scales, dtype="<f4")), (0x340, np.array(reserved, dtype="<i4"))]
+
+
+@pytest.mark.parametrize("config", [WIDE, TALL], ids=["2x3", "3x2"])
+def test_store_q_float_against_requantize_float(config):
+    from sw.quant import requantize_float
+    seed = 32
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    cols = config.cols
+    for trial in range(20):
+        acc = rng.integers(INT32_MIN, INT32_MAX, (4, cols), dtype=np.int64, endpoint=True)
+        acc >>= rng.integers(0, 32, (4, cols))
+        acc[0, 0], acc[1, 0] = INT32_MIN, INT32_MAX
+        acc = acc.astype("<i4")
+        scales = (rng.uniform(-1, 1, cols) * 2.0 ** rng.integers(-30, 0, cols)).astype("<f4")
+        zero_point = int(rng.integers(-128, 128))
+        act_min, act_max = sorted(int(value) for value in rng.integers(-128, 128, 2))
+        model, result = run(config, [
+            load_acc(0, 4, 4 * cols, 0x100),
+            load_quant(0x300, 4 * cols, zero_point, act_min, act_max, mode=QuantMode.FLOAT),
+            store_q(0, 4, cols, 0x200),
+            end(),
+        ], data=[(0x100, acc)] + float_rows(scales, [0] * cols))
+        assert_done(result, 4)
+        assert model.quant_mode is QuantMode.FLOAT
+        assert model.multipliers.view("<f4").tolist() == scales.tolist()
+        expected = requantize_float(acc, scales, zero_point, act_min, act_max)
+        stored = result.dram[0x200:0x200 + 4 * cols].view(np.int8).reshape(4, cols)
+        assert np.array_equal(stored, expected)
+
+
+def test_quant_mode_switches_per_load_quant():
+    # The same accumulators, scale 0.25 in float mode (ties to even) and multiplier 2**30 with
+    # shift 1 in fixed-point mode (RoundingDivideByPOT: ties away from zero), alternately.
+    acc = np.array([[10, -10, 14]], dtype="<i4")
+    program = [load_acc(0, 1, 12, 0x100),
+               load_quant(0x300, 12, mode=QuantMode.FLOAT), store_q(0, 1, 3, 0x200),
+               load_quant(0x380, 12, dram_stride=12), store_q(0, 1, 3, 0x210),
+               load_quant(0x300, 12, mode=QuantMode.FLOAT), store_q(0, 1, 3, 0x220), end()]
+    data = [(0x100, acc), (0x380, np.array([1 << 30] * 3 + [1] * 3, "<i4"))] + \
+        float_rows([0.25] * 3)
+    model, result = run(WIDE, program, data=data)
+    assert_done(result, 8)
+    assert result.dram[0x200:0x203].view(np.int8).tolist() == [2, -2, 4]
+    assert result.dram[0x210:0x213].view(np.int8).tolist() == [3, -3, 4]
+    assert result.dram[0x220:0x223].view(np.int8).tolist() == [2, -2, 4]
+
+
+FLOAT_LOAD_QUANT_CASES = [
+    # (row_bytes, scales, reserved row, error)
+    (12, [0.5, -2.0, 1e-45], [0, 0, 0], None),
+    (12, [0.0, -0.0, 3.4028235e38], [0, 0, 0], None),
+    (12, [0.5, np.inf, 1.0], [0, 0, 0], ErrorCode.QUANT),
+    (12, [0.5, 1.0, -np.inf], [0, 0, 0], ErrorCode.QUANT),
+    (12, [np.nan, 1.0, 1.0], [0, 0, 0], ErrorCode.QUANT),
+    (8, [0.5, 1.0, np.nan], [0, 0, 0], None),                     # lane 2 not read
+    (12, [0.5, 1.0, 1.0], [0, 0, 1], ErrorCode.QUANT),            # row 1 is reserved
+    (12, [0.5, 1.0, 1.0], [INT32_MIN, 0, 0], ErrorCode.QUANT),
+    (8, [0.5, 1.0, 1.0], [0, 0, 7], None),                        # lane 2 not read
+]
+
+
+@pytest.mark.parametrize("case", FLOAT_LOAD_QUANT_CASES)
+def test_load_quant_float_errors(case):
+    row_bytes, scales, reserved, error = case
+    model, result = run(WIDE, [
+        load_quant(0x380, 12, zero_point=-9, act_min=-100, act_max=100, dram_stride=12),
+        load_quant(0x300, row_bytes, 4, -50, 50, mode=QuantMode.FLOAT),
+        end(),
+    ], data=[(0x380, np.array([111, 222, 333, 1, 2, 3], dtype="<i4"))] +
+        float_rows(scales, reserved))
+    if error is None:
+        assert_done(result, 3)
+        lanes = row_bytes // 4
+        assert model.quant_mode is QuantMode.FLOAT
+        assert model.multipliers.view("<f4")[:lanes].tolist() == \
+            np.array(scales[:lanes], "<f4").tolist()
+        assert not model.multipliers[lanes:].any() and not model.shifts.any()
+        assert (model.zero_point, model.act_min, model.act_max) == (4, -50, 50)
+    else:
+        assert_error(result, error, 1)
+        assert model.quant_mode is QuantMode.FIXED
+        assert model.multipliers.tolist() == [111, 222, 333]
         assert (model.zero_point, model.act_min, model.act_max) == (-9, -100, 100)
 
 

@@ -1,11 +1,12 @@
-"""The quantized GEMM: compiler, driver and reference, on the model backend."""
+"""The quantized GEMM: compiler, driver and reference, on the model backend (and in the float
+mode also on the whole NPU in Amaranth's simulator)."""
 
 import numpy as np
 import pytest
 
 from hw.config import MAX_K, NPUConfig
-from hw.isa import ErrorCode, Opcode
-from quant_cases import random_int8, random_qgemm_problem
+from hw.isa import ErrorCode, Opcode, QuantMode
+from quant_cases import random_conv_problem, random_int8, random_qgemm_problem
 from sim.result import RunResult
 from sw import backend, codec
 from sw.compiler import QuantPlan, QuantProgram, compile_qgemm, plan_qgemm
@@ -244,7 +245,8 @@ def test_streaming_program_shape():
     # Multipliers and shifts of an n-tile: lanes n_start.. of two rows 4 N bytes apart.
     assert of(program, Opcode.LOAD_QUANT) == [
         dict(dram_addr=ADDRESSES["quant_addr"] + 4 * n_start, dram_stride=4 * n,
-             row_bytes=4 * width, zero_point=-5, act_min=-100, act_max=100)
+             row_bytes=4 * width, zero_point=-5, mode=QuantMode.FIXED, act_min=-100,
+             act_max=100)
         for n_start, width in ((0, 4), (4, 4), (8, 1))]
     assert of(program, Opcode.STORE_Q) == [
         dict(acc_addr=0, rows=m, row_bytes=width, dram_addr=ADDRESSES["y_addr"] + n_start,
@@ -299,6 +301,126 @@ def test_compile_rejects_bad_operands():
         plan_qgemm(NPUConfig(rows=4, cols=4, spad_depth=4), 1, 1, 1)
     with pytest.raises(NPUValueError, match="^m must"):
         plan_qgemm(config, 0, 1, 1)
+
+
+# The float mode (scale=) ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("config_name", ["1x1", "3x5", "8x8"])
+def test_float_mode_random_shapes_bit_exact(config_name):
+    seed = SEED + 2000 + CONFIG_NAMES.index(config_name)
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    config = NPUConfig.from_name(config_name)
+    for m, k, n in [(1, 1, 1), (7, 13, 11), (20, 3 * config.rows + 1, 2 * config.cols + 1)]:
+        problem = random_qgemm_problem(rng, m, k, n, float_mode=True)
+        assert problem["multiplier"] is None and problem["shift"] is None
+        result = check(problem, config)
+        assert m * n < 20 or len(np.unique(result.y)) > 10
+
+
+def test_float_mode_differs_from_the_fixed_point_mode_on_ties():
+    # acc = 5 * column sum: scale 0.5 gives exact ties; onnxruntime rounds them to even,
+    # TFLite's RoundingDivideByPOT away from zero.
+    problem = dict(A=np.ones((1, 3), np.int8), B=np.array([[1, -1, 3, -3]] * 3, np.int8),
+                   bias=np.array([2, -2, -4, 4], np.int32), out_zero_point=0, act_min=-128,
+                   act_max=127)                     # accumulators 5, -5, 5, -5
+    floating = qgemm(**problem, scale=np.full(4, 0.5, np.float32)).y
+    fixed = qgemm(**problem, multiplier=np.full(4, 1 << 30, np.int32),
+                  shift=np.zeros(4, np.int32)).y
+    assert floating.tolist() == [[2, -2, 2, -2]]
+    assert fixed.tolist() == [[3, -2, 3, -2]]      # SaturatingRoundingDoublingHighMul
+
+
+def test_float_mode_program_and_quant_region():
+    config = NPUConfig.from_name("4x4")
+    program = compile_at(config, 5, 6, 9, quant_mode=QuantMode.FLOAT)
+    loads = of(program, Opcode.LOAD_QUANT)
+    assert len(loads) == 3 and all(f["mode"] == QuantMode.FLOAT for f in loads)
+    assert all(f["mode"] == QuantMode.FIXED for f in of(compile_at(config, 5, 6, 9),
+                                                         Opcode.LOAD_QUANT))
+    # The rest of the program is the fixed-point mode's, word for word.
+    fixed = compile_at(config, 5, 6, 9)
+    assert [op for op, _ in decoded(program)] == [op for op, _ in decoded(fixed)]
+    rng = np.random.default_rng(SEED + 2100)
+    problem = random_qgemm_problem(rng, 5, 6, 9, float_mode=True)
+    job = prepare_qgemm(**problem, config=config)
+    region = job.dram[job.layout.span("quant")]
+    assert np.array_equal(region[:36].view("<f4"), problem["scale"])
+    assert not region[36:].any()
+
+
+@pytest.mark.parametrize("changes, error, match", [
+    (dict(scale=np.ones(4, np.float32)), NPUValueError,
+     "either multiplier and shift or scale, not both: scale and multiplier and shift"),
+    (dict(multiplier=None), NPUValueError, "only shift was given"),
+    (dict(multiplier=None, shift=None), NPUValueError, "only neither was given"),
+    (dict(multiplier=None, shift=None, scale=np.ones(4)), NPUTypeError,
+     "scale must be a numpy array of float32"),
+    (dict(multiplier=None, shift=None, scale=[1.0] * 4), NPUTypeError,
+     "scale must be a numpy array of float32"),
+    (dict(multiplier=None, shift=None, scale=np.ones(3, np.float32)), NPUValueError,
+     r"scale must have shape \(4,\)"),
+    (dict(multiplier=None, shift=None, scale=np.array([1, 1, np.nan, 1], np.float32)),
+     NPUValueError, r"scale\[2\] = nan"),
+    (dict(multiplier=None, shift=None, scale=np.array([1, -np.inf, 1, 1], np.float32)),
+     NPUValueError, r"scale\[1\] = -inf"),
+])
+def test_rejects_a_bad_requantization_choice(changes, error, match):
+    problem = dict(good_problem(), **changes)
+    with pytest.raises(error, match=match):
+        qgemm(**problem)
+    with pytest.raises(error, match=match):
+        reference_qgemm(**problem)
+
+
+def test_compile_rejects_a_bad_quant_mode():
+    with pytest.raises(NPUValueError, match="quant_mode must be one of"):
+        compile_at(NPUConfig.from_name("4x4"), 2, 2, 2, quant_mode=2)
+
+
+def run_on_amaranth(jobs, config, seed):
+    """Run prepared jobs on the whole NPU in Amaranth's simulator (``sim.amaranth_sim``,
+    with random bus stalls) and return each job's output region."""
+    from sim import amaranth_sim
+    runs = [amaranth_sim.Job(job.program.words, prog_addr=job.layout.program_addr,
+                             data=[(0, job.dram.tobytes())]) for job in jobs]
+    outcomes, _ = amaranth_sim.run_jobs(runs, config=config, seed=seed, timeout_cycles=200_000)
+    outputs = []
+    for job, outcome in zip(jobs, outcomes):
+        assert outcome.code is ErrorCode.NONE, (outcome.code, outcome.error_pc)
+        start, stop = job.layout.regions["y"][0], sum(job.layout.regions["y"])
+        outputs.append(np.array([outcome.written[addr] for addr in range(start, stop)],
+                                np.uint8).view(np.int8))
+    return outputs
+
+
+def test_float_mode_on_the_amaranth_simulator():
+    """STORE_Q through the controller and FloatRequantizer: GEMMs and a convolution in
+    float mode, with a fixed-point GEMM between them on the same NPU (the mode is per
+    LOAD_QUANT), bit-exact against the references."""
+    from sw.conv import prepare_conv2d, reference_conv2d
+    seed = SEED + 2200
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    config = NPUConfig.from_name("4x4")
+    problems = [random_qgemm_problem(rng, 6, 9, 7, float_mode=True),
+                random_qgemm_problem(rng, 5, 4, 6),
+                random_qgemm_problem(rng, 3, 5, 4, float_mode=True)]
+    # Exact ties, both parities, and the clamps: A = 1, so the accumulators are the bias.
+    ties = dict(A=np.ones((1, 1), np.int8), B=np.zeros((1, 4), np.int8),
+                bias=np.array([5, -5, 7, 1 << 24 | 1], np.int32),
+                scale=np.array([0.5, 0.5, 0.5, 2.5 * 2.0 ** -24], np.float32),
+                out_zero_point=-128, act_min=-128, act_max=127)
+    problems.append(ties)
+    convolution = random_conv_problem(rng, 1, 5, 4, 3, 5, 3, padding=1, float_mode=True)
+    jobs = [prepare_qgemm(**problem, config=config) for problem in problems]
+    jobs.append(prepare_conv2d(**convolution, config=config))
+    outputs = run_on_amaranth(jobs, config, seed)
+    for problem, y in zip(problems, outputs):
+        assert np.array_equal(y, reference_qgemm(**problem).ravel())
+    # 2.5 -> 2, -2.5 -> -2 (clamped), 3.5 -> 4, float32(2**24 + 1) * 2.5 * 2**-24 = 2.5 -> 2.
+    assert outputs[3].tolist() == [-126, -128, -124, -126]
+    assert np.array_equal(outputs[4], reference_conv2d(**convolution).ravel())
 
 
 # The driver: layout, batches, backends --------------------------------------------------------

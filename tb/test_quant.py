@@ -3,15 +3,25 @@
 ``scalar_requantize`` below is written from gemmlowp's and TFLite's definitions, one Python
 integer at a time (Python integers never overflow, so every saturation is explicit), without
 calling ``sw.quant``. The numpy implementation must agree with it bit for bit.
+
+The float mode's reference (``requantize_float``) is checked the same way against
+``scalar_requantize_float``, IEEE-754 binary32 arithmetic on exact fractions, and against
+onnxruntime itself: a QLinearMatMul whose accumulators are the edge values (a MatMulInteger
+beside it shows that they are).
 """
 
 import itertools
 import math
+import os
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from sw.quant import INT32_MAX, INT32_MIN, quantize_multiplier, requantize
+from quant_cases import (FLOAT_EDGE_ACCS, FLOAT_EDGE_SCALES, double_rounded,
+                         half_integer_products)
+from sw.errors import NPUTypeError, NPUValueError
+from sw.quant import INT32_MAX, INT32_MIN, quantize_multiplier, requantize, requantize_float
 
 
 SEED = 20240917
@@ -281,3 +291,219 @@ def test_quantize_multiplier_drives_requantize():
 def test_quantize_multiplier_rejects(real, error):
     with pytest.raises(ValueError, match=error):
         quantize_multiplier(real)
+
+
+# requantize_float: onnxruntime's float32 arithmetic ----------------------------------------
+
+def round_to_float32(value):
+    """The binary32 number nearest to the fraction ``value`` (ties to even), subnormals
+    included; ``math.inf`` (signed) past the largest finite one."""
+    if value == 0:
+        return Fraction(0)
+    magnitude = abs(value)
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    if Fraction(2) ** exponent > magnitude:
+        exponent -= 1                                  # now 2**exponent <= magnitude
+    step = Fraction(2) ** (max(exponent, -126) - 23)  # the spacing of binary32 there
+    rounded = round(magnitude / step) * step          # round() on a Fraction: half to even
+    if rounded >= Fraction(2) ** 128:
+        rounded = math.inf
+    return rounded if value > 0 else -rounded
+
+
+def scalar_requantize_float(acc, scale, zero_point, act_min, act_max):
+    """MLAS ``MlasRequantizeOutput`` on one value, written from IEEE 754: int32 to float,
+    multiply, clamp to the bounds minus the zero point, convert with round half to even."""
+    product = round_to_float32(round_to_float32(Fraction(acc)) * Fraction(float(scale)))
+    clamped = min(max(product, act_min - zero_point), act_max - zero_point)
+    return round(clamped) + zero_point
+
+
+def _ties():
+    halves = [0.5, 1.5, 2.5, 3.5, 100.5, 127.5, 128.5, 254.5]
+    halves += [-half for half in halves]
+    return half_integer_products([1, 3, 7, 11, 13, 99, 1001, 12347, 1234567, 98765431,
+                                  (1 << 24) + 1, (1 << 24) + 3, -3, -13, -1234567], halves)
+
+
+def test_round_to_float32_by_hand():
+    assert round_to_float32(Fraction((1 << 24) + 1)) == 1 << 24            # tie to even
+    assert round_to_float32(Fraction((1 << 24) + 3)) == (1 << 24) + 4      # tie to even
+    assert round_to_float32(Fraction(-(1 << 25) - 3)) == -(1 << 25) - 4
+    assert round_to_float32(Fraction(1, 3)) == Fraction(float(np.float32(1 / 3)))
+    assert round_to_float32(Fraction(2) ** -149 * Fraction(3, 2)) == Fraction(2) ** -148
+    assert round_to_float32(Fraction(2) ** -150) == 0                      # tie to even: 0
+    assert round_to_float32(Fraction(2) ** 128) == math.inf
+
+
+@pytest.mark.parametrize("acc, scale, zero_point, act_min, act_max, expected", [
+    (5, 0.5, 0, -128, 127, 2),                    # 2.5: to even
+    (7, 0.5, 0, -128, 127, 4),                    # 3.5: to even
+    (-5, 0.5, 0, -128, 127, -2),
+    (-7, 0.5, 3, -128, 127, 3 - 4),
+    ((1 << 24) + 1, 2.5 * 2.0 ** -24, 0, -128, 127, 2),   # float32(acc) = 2**24: 2.5
+    ((1 << 24) + 3, 2.5 * 2.0 ** -24, 0, -128, 127, 3),   # 2**24 + 4: 2.5000006
+    (3, float(np.nextafter(np.float32(2.5 / 3), np.float32(1))), 0, -128, 127, 2),
+    (INT32_MIN, 2.0 ** -31 * 100, 0, -128, 127, -100),
+    (INT32_MAX, 2.0 ** -31 * 100, 0, -128, 127, 100),     # float32(2**31 - 1) = 2**31
+    (1000, 1e30, 0, -128, 127, 127),                        # overflows to inf
+    (1000, -3.4028235e38, -5, -100, 50, -100),
+    (12345, 1e-45, 7, -128, 127, 7),                        # subnormal scale
+    (0, 1e30, -128, -128, 127, -128),
+    (300, 0.5, 0, 5, 100, 100),
+    (-300, 0.5, 0, 5, 100, 5),
+])
+def test_requantize_float_by_hand(acc, scale, zero_point, act_min, act_max, expected):
+    got = requantize_float(np.array([acc], np.int32), np.array([scale], np.float32),
+                           zero_point, act_min, act_max)
+    assert got.dtype == np.int8 and got.tolist() == [expected]
+    assert scalar_requantize_float(acc, np.float32(scale), zero_point, act_min,
+                                   act_max) == expected
+
+
+def test_requantize_float_against_the_scalar_model():
+    seed = SEED + 6
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    pairs = [(acc, scale) for acc in FLOAT_EDGE_ACCS for scale in FLOAT_EDGE_SCALES]
+    pairs += _ties()
+    magnitude = rng.integers(0, 32, 300)
+    accs = rng.integers(INT32_MIN, INT32_MAX, 300, endpoint=True) >> magnitude
+    scales = (rng.uniform(0.5, 1, 300) * 2.0 ** rng.integers(-40, 6, 300)
+              * rng.choice([-1, 1], 300)).astype(np.float32)
+    pairs += list(zip(accs.tolist(), scales))
+    assert sum(double_rounded(*pair) for pair in pairs) >= 100
+    for zero_point, act_min, act_max in [(0, -128, 127), (-128, -128, 127), (127, -128, 127),
+                                         (-3, -10, 6)]:
+        accs = np.array([acc for acc, _ in pairs], np.int32)
+        scales = np.array([scale for _, scale in pairs], np.float32)
+        got = [int(requantize_float(np.array([acc], np.int32), np.array([scale], np.float32),
+                                    zero_point, act_min, act_max)[0])
+               for acc, scale in zip(accs, scales)]
+        want = [scalar_requantize_float(int(acc), scale, zero_point, act_min, act_max)
+                for acc, scale in zip(accs, scales)]
+        assert got == want, next((pair, g, w) for pair, g, w in zip(pairs, got, want) if g != w)
+
+
+def test_requantize_float_per_channel_and_shapes():
+    acc = np.arange(-30, 30, dtype=np.int32).reshape(2, 3, 10)
+    scale = np.linspace(-2, 2, 10).astype(np.float32)
+    got = requantize_float(acc, scale, 1, -128, 127)
+    assert got.shape == acc.shape and got.dtype == np.int8
+    for index in np.ndindex(acc.shape):
+        assert got[index] == scalar_requantize_float(int(acc[index]), scale[index[-1]], 1,
+                                                     -128, 127)
+    per_tensor = requantize_float(acc, np.float32(0.5), 0, -128, 127)
+    assert np.array_equal(per_tensor, requantize_float(acc, np.full(10, 0.5, np.float32), 0,
+                                                       -128, 127))
+
+
+@pytest.mark.parametrize("scale, error, match", [
+    (np.array([0.5, 0.5]), NPUTypeError, "scale must be float32"),
+    (0.5, NPUTypeError, "scale must be float32"),
+    (np.array([0.5, np.nan], np.float32), NPUValueError, r"scale\[1\] = nan"),
+    (np.array([np.inf, 1], np.float32), NPUValueError, r"scale\[0\] = inf"),
+    (np.array([0.5, 0.5, 0.5], np.float32), NPUValueError, r"shape \(2,\)"),
+])
+def test_requantize_float_rejects_bad_scales(scale, error, match):
+    with pytest.raises(error, match=match):
+        requantize_float(np.zeros((1, 2), np.int32), scale, 0, -128, 127)
+
+
+@pytest.mark.parametrize("arguments, error, match", [
+    ((128, -128, 127), NPUValueError, "zero_point"),
+    ((-129, -128, 127), NPUValueError, "zero_point"),
+    ((0.0, -128, 127), NPUTypeError, "zero_point must be an integer"),
+    ((0, 5, 4), NPUValueError, "act_min must not exceed act_max"),
+    ((0, -129, 127), NPUValueError, "act_min"),
+    ((0, -128, 128), NPUValueError, "act_max"),
+])
+def test_requantize_float_rejects_bad_operands(arguments, error, match):
+    with pytest.raises(error, match=match):
+        requantize_float(np.zeros((1, 1), np.int32), np.float32(1), *arguments)
+
+
+def test_requantize_float_rejects_a_wider_accumulator():
+    with pytest.raises(NPUTypeError, match="acc must have dtype int32"):
+        requantize_float(np.zeros((1, 1), np.int64), np.float32(1), 0, -128, 127)
+
+
+# onnxruntime: accumulator i of a QLinearMatMul with constant weights is 64 * S_i + r_i, the
+# sum of A's row i times weight rows of 64 and a last weight row of 1; scale_A = scale_Y = 1
+# makes its output scale exactly scale_B (per column). Products of 127 * 64 keep clear of the
+# int16 saturation of AVX2's u8 x s8 pair sums.
+_UNIT = 64
+
+
+def _onnx_session(accs, scales):
+    onnx = pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+    terms = max(abs(acc) for acc in accs) // (_UNIT * 127) + 2
+    weights = np.zeros((terms + 1, len(scales)), np.int8)
+    weights[:terms], weights[terms] = _UNIT, 1
+    activations = np.zeros((len(accs), terms + 1), np.int8)
+    for row, acc in enumerate(accs):
+        units = round(acc / _UNIT)
+        full, rest = divmod(abs(units), 127)
+        sign = 1 if units >= 0 else -1
+        activations[row, :full] = 127 * sign
+        activations[row, full] = rest * sign
+        activations[row, terms] = acc - _UNIT * units
+    initializers = [
+        numpy_helper.from_array(weights, "B"),
+        numpy_helper.from_array(np.float32(1), "a_scale"),
+        numpy_helper.from_array(np.int8(0), "a_zero_point"),
+        numpy_helper.from_array(np.asarray(scales, np.float32), "b_scale"),
+        numpy_helper.from_array(np.zeros(len(scales), np.int8), "b_zero_point"),
+        numpy_helper.from_array(np.float32(1), "y_scale")]
+    nodes = [helper.make_node("QLinearMatMul", ["A", "a_scale", "a_zero_point", "B", "b_scale",
+                                                "b_zero_point", "y_scale", "y_zero_point"],
+                              ["Y"]),
+             helper.make_node("MatMulInteger", ["A", "B"], ["ACC"])]
+    graph = helper.make_graph(
+        nodes, "requantize", [helper.make_tensor_value_info("A", TensorProto.INT8, [None, None]),
+                              helper.make_tensor_value_info("y_zero_point", TensorProto.INT8,
+                                                            [])],
+        [helper.make_tensor_value_info("Y", TensorProto.INT8, [None, len(scales)]),
+         helper.make_tensor_value_info("ACC", TensorProto.INT32, [None, len(scales)])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    session = onnxruntime.InferenceSession(model.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    return session, activations
+
+
+def _compare_with_onnxruntime(accs, scales):
+    session, activations = _onnx_session(accs, scales)
+    for zero_point in (-128, -1, 0, 5, 127):
+        y, acc = session.run(None, {"A": activations, "y_zero_point": np.array(zero_point, np.int8)})
+        assert np.array_equal(acc, np.repeat(np.array(accs, np.int32)[:, None], len(scales), 1))
+        want = requantize_float(acc, np.asarray(scales, np.float32), zero_point, -128, 127)
+        wrong = np.argwhere(y != want)
+        assert not wrong.size, [(accs[r], scales[c], zero_point, y[r, c], want[r, c])
+                                for r, c in wrong[:5]]
+
+
+def test_requantize_float_equals_onnxruntime_on_the_edges():
+    _compare_with_onnxruntime(FLOAT_EDGE_ACCS, FLOAT_EDGE_SCALES)
+
+
+def test_requantize_float_equals_onnxruntime_on_ties():
+    pairs = _ties()
+    assert sum(double_rounded(*pair) for pair in pairs) >= 100
+    _compare_with_onnxruntime(sorted({acc for acc, _ in pairs}),
+                              np.array([scale for _, scale in pairs], np.float32))
+
+
+def test_requantize_float_equals_onnxruntime_on_random_values():
+    seed = int(os.environ.get("NPU_SEED", SEED + 7))
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    magnitude = rng.integers(0, 32, 60)
+    accs = (rng.integers(INT32_MIN, INT32_MAX, 60, endpoint=True) >> magnitude).tolist()
+    scales = (rng.uniform(0.5, 1, 24) * 2.0 ** rng.integers(-36, 4, 24)
+              * rng.choice([-1, 1], 24)).astype(np.float32)
+    _compare_with_onnxruntime(accs, scales)

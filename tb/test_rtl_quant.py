@@ -83,6 +83,29 @@ def test_seeds_pointwise_layer(sim):
     print(f"pointwise {side}x{side}x100 -> 100 on 16x16 under {sim}: {result.cycles} cycles")
 
 
+@pytest.mark.parametrize("sim", ["verilator"] + (["icarus"] if FULL else []))
+def test_float_mode(sim):
+    """onnxruntime's requantization (LOAD_QUANT's float mode, ``scale=``): GEMMs and
+    convolutions in one run, a fixed-point GEMM among them, bit-exact against
+    ``requantize_float``'s references."""
+    from sw.conv import prepare_conv2d
+    from sw.driver import prepare_qgemm, run_jobs
+    config = NPUConfig.from_name("4x4")
+    seed = BASE_SEED + 17
+    rng = np.random.default_rng(seed)
+    gemms = [random_qgemm_problem(rng, m, k, n, float_mode=True)
+             for m, k, n in [(1, 1, 1), (9, 13, 11), (20, 9, 5)]]
+    gemms.insert(1, random_qgemm_problem(rng, 7, 6, 5))
+    convs = [random_conv_problem(rng, *shape, float_mode=True) for shape in CONVS[:3]]
+    jobs = ([prepare_qgemm(**problem, config=config) for problem in gemms] +
+            [prepare_conv2d(**problem, config=config) for problem in convs])
+    results = run_jobs(jobs, config, sim)
+    wants = [reference_qgemm(**problem) for problem in gemms] + \
+        [reference_conv2d(**problem) for problem in convs]
+    for index, (result, want) in enumerate(zip(results, wants)):
+        assert np.array_equal(result.y, want), f"job {index} under {sim}, seed {seed}"
+
+
 @pytest.fixture(scope="module")
 def digits_network():
     from sw.nn.quantize import quantize_network

@@ -1,6 +1,7 @@
 """Unit tests of :class:`hw.controller.store_unit.StoreUnit`, on a real memory as its
 accumulator read port: STORE's rows two cycles each (READ, ROW), STORE_Q's through the
-requantizer (checked against :func:`sw.quant.requantize`), halt, BUS_WRITE, the status."""
+requantizer of the state's mode (checked against :func:`sw.quant.requantize` and
+:func:`sw.quant.requantize_float`), halt, BUS_WRITE, the status."""
 
 import numpy as np
 import pytest
@@ -10,9 +11,9 @@ from amaranth.lib import data
 from controller_blocks import CONFIG, WithReadMemory, command_of, offer, pack, unpack
 from error_cases import store, store_q
 from hw.controller.store_unit import StoreUnit
-from hw.isa import ErrorCode
+from hw.isa import ErrorCode, QuantMode
 from hw.requant import INT32_MAX, INT32_MIN, Requantizer
-from sw.quant import quantize_multiplier, requantize
+from sw.quant import quantize_multiplier, requantize, requantize_float
 from sim.amaranth_sim import run_simulation
 
 
@@ -108,9 +109,23 @@ def test_halt_holds_the_command():
     assert list(cycles_of(trace, "row")) == [8, 10]
 
 
-def quant_state(multipliers, shifts, zero_point, act_min, act_max):
+def quant_state(multipliers, shifts, zero_point, act_min, act_max, mode=QuantMode.FIXED):
     return {"multiplier": multipliers, "shift": shifts, "zero_point": zero_point,
-            "act_min": act_min, "act_max": act_max}
+            "act_min": act_min, "act_max": act_max, "mode": mode}
+
+
+def float_state(scales, zero_point, act_min, act_max):
+    bits = [int(value) for value in np.array(scales, np.float32).view(np.int32)]
+    return quant_state(bits, [0] * len(scales), zero_point, act_min, act_max, QuantMode.FLOAT)
+
+
+def requantize_state(acc, state):
+    """The reference requantization of ``acc`` with a ``quant_state``."""
+    clamp = state["zero_point"], state["act_min"], state["act_max"]
+    if state["mode"] is QuantMode.FLOAT:
+        scales = np.array(state["multiplier"], np.int32).view(np.float32)
+        return requantize_float(np.array(acc, np.int32), scales, *clamp)
+    return requantize(acc, state["multiplier"], state["shift"], *clamp)
 
 
 M, S = zip(*(quantize_multiplier(x) for x in (0.0123, 3.5, 0.5)))
@@ -119,21 +134,23 @@ STATES = [
     quant_state(list(M), list(S), 3, -100, 110),
     quant_state([INT32_MAX, INT32_MIN, 1 << 30], [-31, 31, -4], -128, -128, 127),
     quant_state([INT32_MIN, 1 << 30, 12345], [0, 30, 1], 127, -5, -5),
+    float_state([2.0 ** -25, -3e-9, 1.5e-8], 3, -100, 110),
+    float_state([1e-45, 2.0 ** -31, -1e30], -128, -128, 127),
 ]
 
 
 @pytest.mark.parametrize("state", STATES)
 def test_store_q(state):
     """Each row READ, REQUANTIZE, Requantizer.latency - 1 cycles of wait, ROW; the row is
-    the reference requantization of the accumulator row, in the low C bytes."""
+    the reference requantization of the accumulator row, in the low C bytes, in either
+    mode."""
     latency = Requantizer.latency
     acc, trace = run_store(store_q(5, 3, 3, 0x200, 3), quant=state)
     per_row = latency + 2
     assert cycles_of(trace, "read") == {2 + per_row * r: 5 + r for r in range(3)}
     reference = state or quant_state([0] * C, [0] * C, 0, -128, 127)
-    expected = {2 + per_row * r + latency + 1: pack(requantize(
-        acc[5 + r], reference["multiplier"], reference["shift"], reference["zero_point"],
-        reference["act_min"], reference["act_max"]), 1) for r in range(3)}
+    expected = {2 + per_row * r + latency + 1: pack(requantize_state(acc[5 + r], reference), 1)
+                for r in range(3)}
     rows = cycles_of(trace, "row")
     assert rows == expected, {c: unpack(v, C, 1) for c, v in rows.items()}
     if state is None:

@@ -1,13 +1,13 @@
 """The load unit: ``LOAD_SPAD``, ``LOAD_ACC`` and ``LOAD_QUANT``, on the DMA reader."""
 
-from amaranth.hdl import Cat, Module, Signal, signed
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import WritePort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..accumulator import AccumulatorWriteSignature
-from ..isa import ErrorCode, Opcode
+from ..isa import ErrorCode, Opcode, QuantMode
 from .signatures import QuantState, ReaderSignature, RowRange, UnitSignature
 
 
@@ -26,8 +26,9 @@ class LoadUnit(wiring.Component):
     """Moves a 2-D DRAM block into scratchpad or accumulator rows, or the requantization
     state into a staging register.
 
-    A ``LOAD_QUANT`` reads two rows (multipliers, then shifts); a cycle after its last row the
-    unit checks them with the operands (zero point, clamp, shift range) and either hands the
+    A ``LOAD_QUANT`` reads two rows (multipliers, then shifts; in float mode scales, then a
+    reserved row); a cycle after its last row the unit checks them with the operands (zero
+    point, clamp; shift range, or finite scales and a zero reserved row) and either hands the
     new state to the store unit (``quant``) or raises ``QUANT``, leaving the old state.
 
     Attributes
@@ -71,7 +72,8 @@ class LoadUnit(wiring.Component):
         stride = Signal(32)
         pc = Signal(32)
         count = Signal(17)
-        zero_point = Signal(signed(16))
+        zero_point = Signal(signed(15))
+        mode = Signal(QuantMode)
         act_min = Signal(signed(8))
         act_max = Signal(signed(8))
         lanes32 = data.ArrayLayout(signed(32), cols)
@@ -95,7 +97,7 @@ class LoadUnit(wiring.Component):
                 m.d.sync += [
                     rows.eq(2), row_bytes.eq(quant.row_bytes), addr.eq(quant.dram_addr),
                     stride.eq(quant.dram_stride), zero_point.eq(quant.zero_point),
-                    act_min.eq(quant.act_min), act_max.eq(quant.act_max),
+                    mode.eq(quant.mode), act_min.eq(quant.act_min), act_max.eq(quant.act_max),
                 ]
             with m.Else():
                 load = issued.args.load
@@ -141,15 +143,21 @@ class LoadUnit(wiring.Component):
             with m.Else():
                 m.d.sync += busy.eq(0)
 
+        # Row 1: shifts within -31 .. 31, or in float mode all zero (reserved); row 0 in
+        # float mode: no exponent of all ones (NaN or infinity).
         shift_out_of_range = Cat(*[(lane < -31) | (lane > 31) for lane in staged_shifts]).any()
+        not_finite = Cat(*[lane[23:31].all() for lane in staged_multipliers]).any()
+        bad_rows = Mux(mode == QuantMode.FLOAT, not_finite | (staged_shifts.as_value() != 0),
+                       shift_out_of_range)
         with m.If(check):
             m.d.sync += [check.eq(0), busy.eq(0)]
             with m.If((zero_point < -128) | (zero_point > 127) | (act_min > act_max) |
-                      shift_out_of_range):
+                      bad_rows):
                 m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
             with m.Else():
                 m.d.comb += [
                     self.quant.valid.eq(1),
+                    self.quant.payload.mode.eq(mode),
                     self.quant.payload.multiplier.eq(staged_multipliers),
                     self.quant.payload.zero_point.eq(zero_point),
                     self.quant.payload.act_min.eq(act_min),

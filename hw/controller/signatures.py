@@ -5,7 +5,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..dma import BlockCommand
-from ..isa import Instruction
+from ..isa import Instruction, QuantMode
 
 
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
@@ -117,8 +117,10 @@ def WriterSignature(row_bits):
 
 
 def QuantState(cols):
-    """The requantization state ``LOAD_QUANT`` sets and ``STORE_Q`` uses."""
+    """The requantization state ``LOAD_QUANT`` sets and ``STORE_Q`` uses. ``multiplier`` is
+    DRAM row 0: the INT32 multipliers, or in float mode the float32 scales' bit patterns."""
     return data.StructLayout({
+        "mode":       QuantMode,
         "multiplier": data.ArrayLayout(signed(32), cols),
         "shift":      data.ArrayLayout(signed(6), cols),
         "zero_point": signed(9),

@@ -1,14 +1,15 @@
 """The store unit: ``STORE`` and ``STORE_Q``, from the accumulator's read port through the
 requantizer to the DMA writer."""
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..isa import ErrorCode, Opcode
+from ..isa import ErrorCode, Opcode, QuantMode
 from ..requant import Requantizer
+from ..requant_float import FloatRequantizer
 from .signatures import QuantState, RowRange, UnitSignature, WriterSignature
 
 
@@ -25,11 +26,11 @@ class StoreStatus(data.Struct):
 
 class StoreUnit(wiring.Component):
     """Writes accumulator rows to DRAM: as INT32 (``STORE``) or requantized to INT8
-    (``STORE_Q``, through :class:`~hw.requant.Requantizer` with the state the last
-    ``LOAD_QUANT`` set).
+    (``STORE_Q``, through :class:`~hw.requant.Requantizer` or, in float mode,
+    :class:`~hw.requant_float.FloatRequantizer`, with the state the last ``LOAD_QUANT`` set).
 
-    One row at a time: read it, requantize it (``Requantizer.latency`` cycles), hand it to
-    the DMA writer; after the last row, wait for the writer's response.
+    One row at a time: read it, requantize it (``Requantizer.latency`` cycles in either
+    mode), hand it to the DMA writer; after the last row, wait for the writer's response.
 
     Attributes
     ----------
@@ -64,14 +65,21 @@ class StoreUnit(wiring.Component):
         with m.If(self.quant.valid):
             m.d.sync += state.eq(self.quant.payload)
         m.submodules.requant = requant = Requantizer(cols)
+        m.submodules.requant_float = requant_float = FloatRequantizer(cols)
+        assert FloatRequantizer.latency == Requantizer.latency, "one wait for both modes"
         m.d.comb += [
-            requant.acc.eq(self.acc.data),
             requant.multiplier.eq(state.multiplier),
             requant.shift.eq(state.shift),
-            requant.zero_point.eq(state.zero_point),
-            requant.act_min.eq(state.act_min),
-            requant.act_max.eq(state.act_max),
+            requant_float.scale.eq(state.multiplier),
         ]
+        for block in (requant, requant_float):
+            m.d.comb += [
+                block.acc.eq(self.acc.data),
+                block.zero_point.eq(state.zero_point),
+                block.act_min.eq(state.act_min),
+                block.act_max.eq(state.act_max),
+            ]
+        requantized = Mux(state.mode == QuantMode.FLOAT, requant_float.result, requant.result)
 
         op = Signal(8)
         acc = Signal(RowRange)
@@ -125,7 +133,7 @@ class StoreUnit(wiring.Component):
             # STORE_Q: the row read in READ goes through the requantizer's pipeline; its
             # result is there Requantizer.latency cycles after REQUANTIZE.
             with m.State("REQUANTIZE"):
-                m.d.comb += requant.valid.eq(1)
+                m.d.comb += [requant.valid.eq(1), requant_float.valid.eq(1)]
                 m.d.sync += requant_wait.eq(Requantizer.latency - 2)
                 m.next = "REQUANTIZE_WAIT"
             with m.State("REQUANTIZE_WAIT"):
@@ -135,7 +143,7 @@ class StoreUnit(wiring.Component):
             with m.State("ROW"):
                 m.d.comb += writer.row.valid.eq(1)
                 with m.If(op == Opcode.STORE_Q):
-                    m.d.comb += writer.row.payload.eq(requant.result)
+                    m.d.comb += writer.row.payload.eq(requantized)
                 with m.Else():
                     m.d.comb += writer.row.payload.eq(self.acc.data)
                 with m.If(writer.row.ready):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.isa import INSTR_BYTES, Opcode
+from hw.isa import INSTR_BYTES, Opcode, QuantMode
 from .. import codec
 from ..compiler import compile_qgemm, plan_qgemm
 from ..conv import LOWERINGS, Conv2dGeometry, check_lowering, compile_conv2d, plan_conv2d
@@ -221,7 +221,8 @@ def _compile_op(config, op, source, target, addresses, act_min, act_max, lowerin
     """Compile one operator; ``addresses`` has ``x, w, bias, quant, y``."""
     common = dict(bias_addr=addresses["bias"], quant_addr=addresses["quant"],
                   y_addr=addresses["y"], out_zero_point=op.output.zero_point,
-                  act_min=act_min, act_max=act_max)
+                  act_min=act_min, act_max=act_max,
+                  quant_mode=QuantMode.FIXED if op.scale is None else QuantMode.FLOAT)
     if op.kind == "conv2d":
         return compile_conv2d(config, _conv_geometry(op, source, target),
                               x_addr=addresses["x"], w_addr=addresses["w"],

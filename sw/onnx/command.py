@@ -163,7 +163,8 @@ def run(arguments, config):
             "placements": [p.__dict__ for p in run_result.placements],
             "groups": [[n.name for n in g.nodes] for g in run_result.groups],
             "npu_macs": run_result.npu_macs, "cpu_macs": run_result.cpu_macs,
-            "cycles": run_result.cycles, "counters": run_result.counters,
+            "cycles": run_result.cycles, "cycles_predicted": run_result.cycles_predicted,
+            "counters": run_result.counters,
             "programs": run_result.programs, "instructions": run_result.instructions,
             "check": verdict, "passed": passed}, indent=1))
     else:

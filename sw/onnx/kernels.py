@@ -37,6 +37,7 @@ import math
 import numpy as np
 
 from ..errors import NPUValueError
+from ..quant import requantize_float
 
 
 __all__ = ["fma32", "quantize_linear", "dequantize_linear", "requantize_output",
@@ -124,18 +125,23 @@ def requantize_output(acc, scale, zero_point, dtype, axis=-1):
     """INT32 accumulators to 8 bits as ``MlasRequantizeOutput`` does.
 
     ``float32(acc)`` (round to nearest even), times ``scale`` in float32, clamped to
-    ``[qmin - zp, qmax - zp]``, rounded half to even, plus ``zp``. ``scale`` is a scalar or
-    one value per index of ``axis``.
+    ``[qmin - zp, qmax - zp]``, rounded half to even, plus ``zp``: the requantizer's float32
+    mode, :func:`sw.quant.requantize_float`, on int8 (a uint8 tensor is its int8 form
+    shifted by 128, zero point included, which leaves every step the same). ``scale`` is a
+    scalar or one value per index of ``axis``.
     """
     acc = np.asarray(acc, dtype=np.int32)
-    lowest, highest = qtype_range(dtype)
     zp = int(np.asarray(zero_point).reshape(()))
-    scale = _per_axis(np.asarray(scale, dtype=np.float32), acc.ndim,
-                      axis % max(acc.ndim, 1))
-    with np.errstate(over="ignore", invalid="ignore"):
-        value = acc.astype(np.float32) * scale
-    value = np.minimum(np.maximum(value, np.float32(lowest - zp)), np.float32(highest - zp))
-    return (np.rint(value).astype(np.int32) + zp).astype(dtype)
+    shift = 128 if np.dtype(dtype) == np.uint8 else 0
+    scale = np.asarray(scale, dtype=np.float32)
+    moved = np.moveaxis(acc, axis, -1) if acc.ndim else acc.reshape(1)
+    if scale.size > 1:
+        scale = scale.reshape(-1)
+    else:
+        scale = np.float32(scale.reshape(()))
+    y = requantize_float(moved, scale, zp - shift, -128, 127)
+    y = np.moveaxis(y, -1, axis) if acc.ndim else y.reshape(())
+    return (y.astype(np.int16) + shift).astype(dtype)
 
 
 def _pads_of(attrs, spatial):

@@ -276,7 +276,9 @@ def npu_groups(graph, placements, shapes):
         group.output = current.outputs[0]
         group.ops = _lower_group(graph, group, shapes)
         group.output_kind = group.ops[-1].kind
-        group.output_dtype = np.asarray(_const(graph, current, 7)).dtype
+        y_zp = _const(graph, current, 8 if current.op_type == "QGemm" else 7)
+        # An absent output zero point means uint8 (ONNX's default for the QLinear operators).
+        group.output_dtype = np.uint8 if y_zp is None else np.asarray(y_zp).dtype
         groups[node.name] = group
         inside.update(n.name for n in group.nodes)
     return groups, inside

@@ -33,11 +33,19 @@ class ModelRun:
     groups: list                         # NpuGroup, in order
     npu_macs: int = 0
     cpu_macs: int = 0
-    cycles: object = None                # total NPU cycles (None on the model without them)
-    counters: dict = field(default_factory=dict)
+    cycle_counts: list = field(default_factory=list)    # per NPU program
+    cycles_predicted: bool = False       # cycles and counters from sw.timing (sim="model")
+    counters: dict = field(default_factory=dict)        # the performance counters, summed
     programs: int = 0
     instructions: int = 0
     seconds: float = 0.0
+
+    @property
+    def cycles(self):
+        """NPU cycles of all programs (None when a backend gave none)."""
+        if any(count is None for count in self.cycle_counts):
+            return None
+        return sum(self.cycle_counts)
 
 
 def check_input(graph, x):
@@ -95,6 +103,17 @@ def _group_output(group, value, batch):
     return from_int8(np.ascontiguousarray(value), group.output_dtype)
 
 
+def _predicted(config, image):
+    """The cycle model's counters of a program (the instruction-level model counts no
+    cycles), or None for a program with instructions it does not cover (LOAD_ACC,
+    LOAD_QUANT, STORE_Q: quantized layers)."""
+    from ..timing import predict
+    try:
+        return predict(config, image.words, image.program_addr).perf
+    except NPUValueError:
+        return None
+
+
 def _run_group(group, value, config, sim, batch, run):
     from .. import backend
     from ..nn.program import build_fused_program
@@ -113,11 +132,12 @@ def _run_group(group, value, config, sim, batch, run):
         pieces.append(image.read(result.dram))
         run.programs += 1
         run.instructions += result.instructions
-        if result.cycles is None:
-            run.cycles = None if run.programs == 1 or run.cycles is None else run.cycles
-        else:
-            run.cycles = (run.cycles or 0) + result.cycles
-        for counter, count in (result.counters or {}).items():
+        perf = result.perf
+        if sim == "model":
+            perf = _predicted(config, image)
+            run.cycles_predicted = perf is not None
+        run.cycle_counts.append(perf["cycles"] if perf else result.cycles)
+        for counter, count in (perf or {}).items():
             run.counters[counter] = run.counters.get(counter, 0) + count
     return _group_output(group, np.concatenate(pieces), samples)
 
