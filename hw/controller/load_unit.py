@@ -27,8 +27,9 @@ class LoadUnit(wiring.Component):
     state into a staging register.
 
     A ``LOAD_QUANT`` reads two rows (multipliers, then shifts); a cycle after its last row the
-    unit checks them with the operands (zero point, clamp, shift range) and either hands the
-    new state to the store unit (``quant``) or raises ``QUANT``, leaving the old state.
+    unit checks them with the operands (zero point, clamp, shift range) and either raises
+    ``QUANT``, leaving the old state, or hands the new state to the store unit (``quant``)
+    in the cycle after.
 
     Attributes
     ----------
@@ -40,7 +41,7 @@ class LoadUnit(wiring.Component):
     acc : In(AccumulatorWriteSignature)
         The accumulator's write port, as the streamer shares it.
     quant : Out(stream.Signature(QuantState(cols), always_ready=True))
-        Valid for a cycle when a ``LOAD_QUANT`` succeeds.
+        Valid for a cycle when a ``LOAD_QUANT`` succeeds, the cycle after its check.
     """
     def __init__(self, config, *, read_row_bytes):
         self.config = config
@@ -141,20 +142,35 @@ class LoadUnit(wiring.Component):
             with m.Else():
                 m.d.sync += busy.eq(0)
 
-        shift_out_of_range = Cat(*[(lane < -31) | (lane > 31) for lane in staged_shifts]).any()
+        # The operands are checked as the instruction issues, the shifts bit by bit: a
+        # shift is within -31 .. 31 when bits 5 and up all equal its sign and it is not -32.
+        # The verdict is registered, and a good state goes to the store unit from there, a
+        # cycle after the check (a STORE_Q issued after the load reads it much later), so
+        # that no comparison drives the enable of the store unit's state register.
+        operands_bad = Signal()
+        with m.If(cmd.valid):
+            quant = issued.args.quant
+            m.d.sync += operands_bad.eq(
+                (quant.zero_point[7:] != 0) & (quant.zero_point[7:] != 0x1FF) |
+                (quant.act_min > quant.act_max))
+        shift_out_of_range = Cat(*[
+            ((lane[5:] != 0) & (lane[5:] != (1 << 27) - 1)) | (lane[:6] == 0b100000)
+            for lane in staged_shifts]).any()
+        deliver = Signal()
+        m.d.sync += deliver.eq(0)
         with m.If(check):
             m.d.sync += [check.eq(0), busy.eq(0)]
-            with m.If((zero_point < -128) | (zero_point > 127) | (act_min > act_max) |
-                      shift_out_of_range):
+            with m.If(operands_bad | shift_out_of_range):
                 m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
             with m.Else():
-                m.d.comb += [
-                    self.quant.valid.eq(1),
-                    self.quant.payload.multiplier.eq(staged_multipliers),
-                    self.quant.payload.zero_point.eq(zero_point),
-                    self.quant.payload.act_min.eq(act_min),
-                    self.quant.payload.act_max.eq(act_max),
-                ]
-                for lane in range(cols):
-                    m.d.comb += self.quant.payload.shift[lane].eq(staged_shifts[lane])
+                m.d.sync += deliver.eq(1)
+        m.d.comb += [
+            self.quant.valid.eq(deliver),
+            self.quant.payload.multiplier.eq(staged_multipliers),
+            self.quant.payload.zero_point.eq(zero_point),
+            self.quant.payload.act_min.eq(act_min),
+            self.quant.payload.act_max.eq(act_max),
+        ]
+        for lane in range(cols):
+            m.d.comb += self.quant.payload.shift[lane].eq(staged_shifts[lane])
         return m
