@@ -190,8 +190,7 @@ def place_and_route(workdir, *, device, frequency_mhz, seed=1, router="router2",
         DEVICES[device]["nextpnr"], "--package", package, "--speed", speed,
         "--json", "npu.json", "--lpf", "npu.lpf", "--lpf-allow-unconstrained",
         "--router", router, "--seed", str(seed), "--timing-allow-fail",
-        # Every routed net's delay to each sink, for ranking more paths than the worst.
-        "--report", "nextpnr.json", "--detailed-timing-report", "--textcfg", "npu.config", "--log", "pnr.log", "-q",
+        "--report", "nextpnr.json", "--textcfg", "npu.config", "--log", "pnr.log", "-q",
     ]
     return _run_tool(command, workdir / "pnr.stdout", "nextpnr-ecp5")
 

@@ -87,9 +87,13 @@ class LoadUnit(wiring.Component):
             fault.pc.eq(pc),
         ]
 
+        # While idle, the registers follow the instruction at the issue stage's head, so
+        # that the issue decision enables only ``busy``, not the operands' flip-flops.
         issued = cmd.payload.instr
         with m.If(cmd.valid):
-            m.d.sync += [busy.eq(1), sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
+            m.d.sync += busy.eq(1)
+        with m.If(~busy):
+            m.d.sync += [sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
                          count.eq(0), spad.eq(cmd.payload.spad)]
             with m.If(issued.opcode == Opcode.LOAD_QUANT):
                 quant = issued.args.quant
@@ -148,7 +152,7 @@ class LoadUnit(wiring.Component):
         # cycle after the check (a STORE_Q issued after the load reads it much later), so
         # that no comparison drives the enable of the store unit's state register.
         operands_bad = Signal()
-        with m.If(cmd.valid):
+        with m.If(~busy):
             quant = issued.args.quant
             m.d.sync += operands_bad.eq(
                 (quant.zero_point[7:] != 0) & (quant.zero_point[7:] != 0x1FF) |

@@ -133,18 +133,25 @@ class Streamer(wiring.Component):
             ]
             with m.If(last):
                 m.d.sync += busy.eq(0)
+        # While a MATMUL could issue, the registers (and the free tail slot) follow the
+        # instruction at the issue stage's head, so that the issue decision enables only
+        # ``busy`` and the slot count, not the operands' flip-flops. A MATMUL issues only
+        # when free and not full.
         m.d.comb += self.commit.take.eq(cmd.valid)
+        m.d.comb += push.eq(cmd.valid)
         with m.If(cmd.valid):
-            matmul = cmd.payload.instr.args.matmul
-            m.d.comb += push.eq(1)
+            m.d.sync += busy.eq(1)
+        matmul = cmd.payload.instr.args.matmul
+        with m.If(~status.full):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
                 with m.If((head ^ (queued == 1)) == i):
                     m.d.sync += [slots[i].acc.eq(cmd.payload.acc),
                                  slots[i].rows.eq(matmul.rows),
                                  slots[i].accumulate.eq(matmul.accumulate)]
+        with m.If(status.free):
             m.d.sync += [
-                busy.eq(1), spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo),
+                spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo),
                 first.eq(1), last.eq(matmul.rows == 1), rows_after.eq(matmul.rows - 1),
                 commit.eq(self.commit.pending),
                 macs.eq(Mux(matmul.k_width == 0, rows, matmul.k_width) *
