@@ -15,8 +15,8 @@ class DMAReader(wiring.Component):
     """Reads blocks (:class:`~hw.dma.bursts.BlockCommand`) into rows of ``row_bytes``.
 
     It walks a block's rows and bursts on the address channel ahead of the data, at most
-    :data:`~hw.dma.bursts.MAX_READS_OUTSTANDING` bursts outstanding, collects each row's
-    beats and shifts the row into place; bytes past ``row_bytes`` read as zero. ``rlast``
+    :data:`~hw.dma.bursts.MAX_READS_OUTSTANDING` bursts outstanding, and puts each beat
+    into place in the row as it arrives; bytes past ``row_bytes`` read as zero. ``rlast``
     is checked against each burst's ``arlen``; see :class:`~hw.dma.DMA` for what a broken
     slave gets.
 
