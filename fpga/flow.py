@@ -15,6 +15,7 @@ the critical path.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -140,8 +141,10 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
                 if mac == "dsp" else None)
     design = _design(config, top)
     harness = ScanHarness(design)
+    # Source locations ride on the netlist's cells, so that a path's flip-flops can be
+    # named in RTL terms (``rtl`` in the report's critical path).
     text = enforce_assertions(verilog.convert(harness, name="top", platform=platform,
-                                              emit_src=False))
+                                              emit_src=True))
     return text, harness
 
 
@@ -213,6 +216,25 @@ def _critical_path(paths):
     return None
 
 
+def _python_sources(workdir, cell_names):
+    """The Python source lines (``hw/...py:N``) of each named cell of ``npu.json``, in
+    order, without repeats: where a path's registers (and the few cells that keep a source
+    through synthesis) come from in the RTL."""
+    netlist = json.loads((workdir / "npu.json").read_text())
+    cells = netlist["modules"]["top"]["cells"]
+    sources = []
+    for name in cell_names:
+        cell = cells.get(name)
+        if cell is None:
+            continue
+        source = cell.get("attributes", {}).get("src", "")
+        for match in re.finditer(r"([^|:]+\.py):(\d+)", source):
+            entry = f"{cell['type']} {os.path.relpath(match[1], REPO_ROOT)}:{match[2]}"
+            if entry not in sources:
+                sources.append(entry)
+    return sources
+
+
 def read_report(workdir):
     """Fmax, utilization and critical path from nextpnr's ``nextpnr.json``."""
     report = json.loads((workdir / "nextpnr.json").read_text())
@@ -223,7 +245,11 @@ def read_report(workdir):
     utilization = {bel: {"used": figures["used"], "available": figures["available"]}
                    for bel, figures in report.get("utilization", {}).items()
                    if figures["used"]}
-    return fmax, utilization, _critical_path(report.get("critical_paths", []))
+    critical = _critical_path(report.get("critical_paths", []))
+    if critical is not None and (workdir / "npu.json").exists():
+        cell_names = [critical["from"]] + [step["to"] for step in critical["steps"]]
+        critical["rtl"] = _python_sources(workdir, cell_names)
+    return fmax, utilization, critical
 
 
 @dataclass

@@ -111,7 +111,8 @@ MULTIPLIERS = [0x7FFF_FFFF, -(1 << 31), 12345]
 ])
 def test_load_quant(operands, shifts, ok):
     """Two rows from ``dram_addr`` and one stride on; the cycle after the last one either
-    the new state on ``quant`` (for that one cycle) or QUANT with the instruction's pc."""
+    QUANT with the instruction's pc or, a cycle later, the new state on ``quant`` (for that
+    one cycle)."""
     word = load_quant(12, dram_addr=0x3000, dram_stride=0x40, **operands)
     payloads = [pack(MULTIPLIERS, 4), pack(shifts, 4)]
     trace = run_load(word, row_cycles=(6, 8), payloads=payloads)
@@ -119,7 +120,7 @@ def test_load_quant(operands, shifts, ok):
     assert column(trace, "busy")[1:11] == [(1, 0, 0)] * 9 + [(0, 0, 0)]
     state = (MULTIPLIERS, shifts, operands["zero_point"], operands["act_min"],
              operands["act_max"], QuantMode.FIXED)
-    assert column(trace, "quant") == [0] * 9 + [state if ok else 0] + [0] * 4
+    assert column(trace, "quant") == [0] * 10 + [state if ok else 0] + [0] * 3
     assert column(trace, "fault") == [0] * 9 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 4
     assert not any(column(trace, "spad")) and not any(column(trace, "acc"))
 
@@ -149,7 +150,7 @@ def test_load_quant_float(operands, scales, reserved, ok):
     trace = run_load(word, row_cycles=(6, 8), payloads=[pack(scales, 4), pack(reserved, 4)])
     state = (scales, [0, 0, 0], operands["zero_point"], operands["act_min"],
              operands["act_max"], QuantMode.FLOAT)
-    assert column(trace, "quant") == [0] * 9 + [state if ok else 0] + [0] * 4
+    assert column(trace, "quant") == [0] * 10 + [state if ok else 0] + [0] * 3
     assert column(trace, "fault") == [0] * 9 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 4
 
 

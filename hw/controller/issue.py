@@ -83,6 +83,7 @@ class IssueStage(wiring.Component):
             m.d.sync += start_while_busy.eq(0)
         prog_addr = Signal(32)
         prog_len = Signal(32)
+        at_prog_end = Signal()       # host.pc == prog_len, registered with the pc
         stopping = Signal()
         stop_code = Signal(8)
         stop_pc = Signal(32)
@@ -156,7 +157,7 @@ class IssueStage(wiring.Component):
         with m.If(running & ~stopping & ~self.fetch.refetch):
             with m.If(start_while_busy):
                 raise_error(ErrorCode.START_BUSY)
-            with m.Elif(host.pc == prog_len):
+            with m.Elif(at_prog_end):
                 raise_error(ErrorCode.PROGRAM)
             with m.Elif(~self.decoded.valid):
                 m.d.sync += perf.stall_fetch.eq(perf.stall_fetch + 1)
@@ -196,14 +197,18 @@ class IssueStage(wiring.Component):
             with m.If(opcode == Opcode.END):
                 m.d.sync += [running.eq(0), host.done.eq(1)]
             with m.Else():
-                m.d.sync += host.pc.eq(host.pc + 1)
+                m.d.sync += [host.pc.eq(host.pc + 1), at_prog_end.eq(host.pc + 1 == prog_len)]
         with m.If(stream_.busy):
             m.d.sync += [perf.array_rows.eq(perf.array_rows + 1),
                          perf.useful_macs.eq(perf.useful_macs + stream_.macs)]
 
         m.d.comb += [
             self.fetch.begin.eq(~running & start),
-            self.fetch.enable.eq(running & ~stopping & ~(issue & (opcode == Opcode.END))),
+            # Not once END is at the head: it is the last word the program needs, and the
+            # reader's command must not start in the cycle END issues. (From the head, not
+            # from the issue: the decision to fetch does not wait for the hazard checks.)
+            self.fetch.enable.eq(running & ~stopping &
+                                 ~(self.decoded.valid & (opcode == Opcode.END))),
             self.fetch.halt.eq(halting),
             self.fetch.prog_addr.eq(prog_addr),
             self.fetch.prog_len.eq(prog_len),
@@ -250,7 +255,8 @@ class IssueStage(wiring.Component):
         with m.If(~running & start):
             m.d.sync += [
                 host.done.eq(0), host.error.eq(0), host.error_code.eq(0),
-                host.error_pc.eq(0), host.pc.eq(0), host.cycles.eq(1),
+                host.error_pc.eq(0), host.pc.eq(0), at_prog_end.eq(host.prog_len == 0),
+                host.cycles.eq(1),
                 stopping.eq(0), perf.eq(0),
                 prog_addr.eq(host.prog_addr), prog_len.eq(host.prog_len),
             ]

@@ -28,8 +28,9 @@ class LoadUnit(wiring.Component):
 
     A ``LOAD_QUANT`` reads two rows (multipliers, then shifts; in float mode scales, then a
     reserved row); a cycle after its last row the unit checks them with the operands (zero
-    point, clamp; shift range, or finite scales and a zero reserved row) and either hands the
-    new state to the store unit (``quant``) or raises ``QUANT``, leaving the old state.
+    point, clamp; shift range, or finite scales and a zero reserved row) and either raises
+    ``QUANT``, leaving the old state, or hands the new state to the store unit (``quant``)
+    in the cycle after.
 
     Attributes
     ----------
@@ -41,7 +42,7 @@ class LoadUnit(wiring.Component):
     acc : In(AccumulatorWriteSignature)
         The accumulator's write port, as the streamer shares it.
     quant : Out(stream.Signature(QuantState(cols), always_ready=True))
-        Valid for a cycle when a ``LOAD_QUANT`` succeeds.
+        Valid for a cycle when a ``LOAD_QUANT`` succeeds, the cycle after its check.
     """
     def __init__(self, config, *, read_row_bytes):
         self.config = config
@@ -88,9 +89,13 @@ class LoadUnit(wiring.Component):
             fault.pc.eq(pc),
         ]
 
+        # While idle, the registers follow the instruction at the issue stage's head, so
+        # that the issue decision enables only ``busy``, not the operands' flip-flops.
         issued = cmd.payload.instr
         with m.If(cmd.valid):
-            m.d.sync += [busy.eq(1), sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
+            m.d.sync += busy.eq(1)
+        with m.If(~busy):
+            m.d.sync += [sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
                          count.eq(0), spad.eq(cmd.payload.spad)]
             with m.If(issued.opcode == Opcode.LOAD_QUANT):
                 quant = issued.args.quant
@@ -143,26 +148,43 @@ class LoadUnit(wiring.Component):
             with m.Else():
                 m.d.sync += busy.eq(0)
 
-        # Row 1: shifts within -31 .. 31, or in float mode all zero (reserved); row 0 in
-        # float mode: no exponent of all ones (NaN or infinity).
-        shift_out_of_range = Cat(*[(lane < -31) | (lane > 31) for lane in staged_shifts]).any()
+        # The operands are checked as the instruction issues: a zero point within
+        # -128 .. 127 has bits 7 and up all equal to its sign. The rows are checked bit by bit:
+        # a shift is within -31 .. 31 when bits 5 and up all equal its sign and it is not
+        # -32; in float mode row 1 is reserved (all zero) and no scale of row 0 has an
+        # exponent of all ones (NaN or infinity). The verdict is registered, and a good state
+        # goes to the store unit from there, a cycle after the check (a STORE_Q issued after
+        # the load reads it much later), so that no comparison drives the enable of the store
+        # unit's state register.
+        operands_bad = Signal()
+        with m.If(~busy):
+            quant = issued.args.quant
+            high = quant.zero_point[7:]
+            m.d.sync += operands_bad.eq(
+                (high != 0) & (high != (1 << len(high)) - 1) |
+                (quant.act_min > quant.act_max))
+        shift_out_of_range = Cat(*[
+            ((lane[5:] != 0) & (lane[5:] != (1 << 27) - 1)) | (lane[:6] == 0b100000)
+            for lane in staged_shifts]).any()
         not_finite = Cat(*[lane[23:31].all() for lane in staged_multipliers]).any()
         bad_rows = Mux(mode == QuantMode.FLOAT, not_finite | (staged_shifts.as_value() != 0),
                        shift_out_of_range)
+        deliver = Signal()
+        m.d.sync += deliver.eq(0)
         with m.If(check):
             m.d.sync += [check.eq(0), busy.eq(0)]
-            with m.If((zero_point < -128) | (zero_point > 127) | (act_min > act_max) |
-                      bad_rows):
+            with m.If(operands_bad | bad_rows):
                 m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
             with m.Else():
-                m.d.comb += [
-                    self.quant.valid.eq(1),
-                    self.quant.payload.mode.eq(mode),
-                    self.quant.payload.multiplier.eq(staged_multipliers),
-                    self.quant.payload.zero_point.eq(zero_point),
-                    self.quant.payload.act_min.eq(act_min),
-                    self.quant.payload.act_max.eq(act_max),
-                ]
-                for lane in range(cols):
-                    m.d.comb += self.quant.payload.shift[lane].eq(staged_shifts[lane])
+                m.d.sync += deliver.eq(1)
+        m.d.comb += [
+            self.quant.valid.eq(deliver),
+            self.quant.payload.mode.eq(mode),
+            self.quant.payload.multiplier.eq(staged_multipliers),
+            self.quant.payload.zero_point.eq(zero_point),
+            self.quant.payload.act_min.eq(act_min),
+            self.quant.payload.act_max.eq(act_max),
+        ]
+        for lane in range(cols):
+            m.d.comb += self.quant.payload.shift[lane].eq(staged_shifts[lane])
         return m

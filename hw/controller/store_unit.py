@@ -92,7 +92,10 @@ class StoreUnit(wiring.Component):
         count = Signal(16)
         lo = Signal(32)
         hi = Signal(33)
-        with m.If(cmd.valid):
+        # While idle, the registers follow the instruction at the issue stage's head, so
+        # that the issue decision enables only the state machine, not these flip-flops.
+        idle = Signal()
+        with m.If(idle):
             store = cmd.payload.instr.args.store
             m.d.sync += [
                 op.eq(cmd.payload.instr.opcode), acc.eq(cmd.payload.acc),
@@ -156,5 +159,5 @@ class StoreUnit(wiring.Component):
                 with m.If(writer.done):
                     m.d.comb += [fault.valid.eq(writer.error), fault.code.eq(ErrorCode.BUS_WRITE)]
                     m.next = "IDLE"
-        m.d.comb += status.busy.eq(~fsm.ongoing("IDLE"))
+        m.d.comb += [idle.eq(fsm.ongoing("IDLE")), status.busy.eq(~idle)]
         return m

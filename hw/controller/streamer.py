@@ -82,9 +82,13 @@ class Streamer(wiring.Component):
 
         busy = Signal()
         spad = Signal(RowRange)
-        spad_addr = spad.lo
-        count = Signal(16)
-        stream_rows = Signal(16)
+        # The row read in this cycle: its address, whether it is the MATMUL's first and
+        # last, and how many follow it, all registered (no sum or comparison before the
+        # block RAM's address or the issue stage's ``free``).
+        read_addr = Signal.like(self.spad.addr)
+        first = Signal()
+        last = Signal()
+        rows_after = Signal(16)
         commit = Signal()
         macs = Signal(32)
         read = Signal()
@@ -101,7 +105,7 @@ class Streamer(wiring.Component):
 
         m.d.comb += [
             status.busy.eq(busy),
-            status.free.eq(~busy | (count == stream_rows - 1)),   # reading its last row this cycle
+            status.free.eq(~busy | last),        # reading its last row this cycle
             status.spad.eq(spad),
             status.macs.eq(macs),
             status.full.eq(queued == WRITEBACK_SLOTS),
@@ -118,27 +122,38 @@ class Streamer(wiring.Component):
         m.d.sync += read.eq(0)
         m.d.comb += self.spad.en.eq(busy)
         with m.If(busy):
-            m.d.comb += self.spad.addr.eq(spad_addr + count)
+            m.d.comb += self.spad.addr.eq(read_addr)
             m.d.sync += [
                 read.eq(1),
-                read_commit.eq(commit & (count == 0)),
-                count.eq(count + 1),
+                read_commit.eq(commit & first),
+                read_addr.eq(read_addr + 1),
+                first.eq(0),
+                last.eq(rows_after == 1),
+                rows_after.eq(rows_after - 1),
             ]
-            with m.If(count == stream_rows - 1):
+            with m.If(last):
                 m.d.sync += busy.eq(0)
+        # While a MATMUL could issue, the registers (and the free tail slot) follow the
+        # instruction at the issue stage's head, so that the issue decision enables only
+        # ``busy`` and the slot count, not the operands' flip-flops. A MATMUL issues only
+        # when free and not full.
         m.d.comb += self.commit.take.eq(cmd.valid)
+        m.d.comb += push.eq(cmd.valid)
         with m.If(cmd.valid):
-            matmul = cmd.payload.instr.args.matmul
-            m.d.comb += push.eq(1)
+            m.d.sync += busy.eq(1)
+        matmul = cmd.payload.instr.args.matmul
+        with m.If(~status.full):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
                 with m.If((head ^ (queued == 1)) == i):
                     m.d.sync += [slots[i].acc.eq(cmd.payload.acc),
                                  slots[i].rows.eq(matmul.rows),
                                  slots[i].accumulate.eq(matmul.accumulate)]
+        with m.If(status.free):
             m.d.sync += [
-                busy.eq(1), spad.eq(cmd.payload.spad), stream_rows.eq(matmul.rows),
-                count.eq(0), commit.eq(self.commit.pending),
+                spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo),
+                first.eq(1), last.eq(matmul.rows == 1), rows_after.eq(matmul.rows - 1),
+                commit.eq(self.commit.pending),
                 macs.eq(Mux(matmul.k_width == 0, rows, matmul.k_width) *
                         Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]

@@ -54,7 +54,7 @@ class WeightLoader(wiring.Component):
 
         busy = Signal()
         spad = Signal(RowRange)
-        addr = spad.lo
+        read_addr = Signal.like(self.spad.addr)     # the row read next: last row first
         count = Signal(range(rows + 1))
         pending = Signal()           # shadow weights wait for the next MATMUL
         guard = Signal(range(rows + cols + 1))
@@ -62,8 +62,13 @@ class WeightLoader(wiring.Component):
         m.d.comb += [status.busy.eq(busy), status.spad.eq(spad),
                      self.commit.pending.eq(pending)]
 
+        # While idle, the registers follow the instruction at the issue stage's head, so
+        # that the issue decision enables only ``busy``, not the operands' flip-flops.
+        with m.If(~busy):
+            m.d.sync += [spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.hi - 1),
+                         count.eq(0)]
         with m.If(cmd.valid):
-            m.d.sync += [busy.eq(1), spad.eq(cmd.payload.spad), count.eq(0)]
+            m.d.sync += busy.eq(1)
 
         with m.If(guard != 0):
             m.d.sync += guard.eq(guard - 1)
@@ -73,8 +78,8 @@ class WeightLoader(wiring.Component):
         m.d.sync += read.eq(0)
         m.d.comb += self.spad.en.eq(busy & (guard == 0))
         with m.If(busy & (guard == 0)):
-            m.d.comb += self.spad.addr.eq(addr + rows - 1 - count)
-            m.d.sync += [read.eq(1), count.eq(count + 1)]
+            m.d.comb += self.spad.addr.eq(read_addr)
+            m.d.sync += [read.eq(1), count.eq(count + 1), read_addr.eq(read_addr - 1)]
             with m.If(count == rows - 1):
                 m.d.sync += [busy.eq(0), pending.eq(1)]
         with m.If(self.commit.take):

@@ -18,9 +18,9 @@ class DMA(wiring.Component):
     """AXI4 master with a block reader (DRAM -> rows) and a block writer (rows -> DRAM).
 
     Rows may start at any byte address: the reader fetches the bus-aligned beats that cover a
-    row and shifts it into place, the writer shifts each row onto the bus and masks it with
-    ``wstrb``. Every burst is INCR with full-width beats, at most 256 beats long, and never
-    crosses a 4 KiB boundary. The reader issues addresses ahead of the data it receives
+    row and rotates each beat into place, the writer shifts each row onto the bus and masks
+    it with ``wstrb``. Every burst is INCR with full-width beats, at most 256 beats long, and
+    never crosses a 4 KiB boundary. The reader issues addresses ahead of the data it receives
     (at most :data:`MAX_READS_OUTSTANDING` bursts outstanding); the writer sends a burst's
     data only after its address.
 

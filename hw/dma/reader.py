@@ -1,6 +1,6 @@
 """The DMA's reader: 2-D strided blocks from DRAM into rows, on the AXI4 read channels."""
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Const, Module, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -15,8 +15,8 @@ class DMAReader(wiring.Component):
     """Reads blocks (:class:`~hw.dma.bursts.BlockCommand`) into rows of ``row_bytes``.
 
     It walks a block's rows and bursts on the address channel ahead of the data, at most
-    :data:`~hw.dma.bursts.MAX_READS_OUTSTANDING` bursts outstanding, collects each row's
-    beats and shifts the row into place; bytes past ``row_bytes`` read as zero. ``rlast``
+    :data:`~hw.dma.bursts.MAX_READS_OUTSTANDING` bursts outstanding, and puts each beat
+    into place in the row as it arrives; bytes past ``row_bytes`` read as zero. ``rlast``
     is checked against each burst's ``arlen``; see :class:`~hw.dma.DMA` for what a broken
     slave gets.
 
@@ -68,10 +68,16 @@ class DMAReader(wiring.Component):
         r_burst_beat = Signal(8)    # beat within the burst at the head of read_lengths
         row_bytes = Signal(16)
         stride = Signal(32)
-        buffer = Signal(data.ArrayLayout(self.data_width, read_words))
+        # The row as it is assembled: each beat goes into place as it arrives (rotated by
+        # the row's offset into two neighbouring words of the row), masked with the bytes
+        # of the command's rows; bytes no beat covers stay zero from the command on. The
+        # row leaves from these flip-flops: no shifter and no comparison after them.
+        row_words = ceil_div(self.row_bytes, bus_bytes)
+        row = Signal(data.ArrayLayout(8, row_words * bus_bytes))
+        byte_mask = Signal(self.row_bytes)
+        beat_is = Signal(read_words)    # one-hot: the beat of the row that arrives next
         emit = Signal()
         emit_last = Signal()
-        emit_offset = Signal(range(bus_bytes))
 
         m.d.comb += self.cmd.ready.eq(~ar_active & ~r_active & ~emit)
 
@@ -84,7 +90,10 @@ class DMAReader(wiring.Component):
                 r_active.eq(1), r_row_addr.eq(cmd.addr), r_rows_left.eq(cmd.rows),
                 r_beat.eq(0), r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
+                row.eq(0), beat_is.eq(1),
             ]
+            for byte in range(self.row_bytes):
+                m.d.sync += byte_mask[byte].eq(byte < cmd.row_bytes)
 
         # The arlen of every burst asked for and not yet received, oldest first: its depth
         # bounds the reads outstanding.
@@ -150,31 +159,46 @@ class DMAReader(wiring.Component):
 
         # Data side: walks the same rows, collecting each row's beats into the buffer.
         _, r_offset, r_beats = self._row_geometry(m, r_row_addr, row_bytes, "rd_data")
+        # Row byte j is byte offset + j of the row's beats: lane l of the rotated beat k
+        # is row byte k * bus_bytes + l, or one word lower where the rotation wrapped.
+        rdata = data.ArrayLayout(8, bus_bytes)(bus.rdata)
+        rotated = Signal(data.ArrayLayout(8, bus_bytes))
+        wrapped = Signal(bus_bytes)
+        with m.Switch(r_offset):
+            for offset in range(bus_bytes):
+                with m.Case(offset):
+                    m.d.comb += wrapped.eq(Const(((1 << offset) - 1) << (bus_bytes - offset),
+                                                 bus_bytes))
+                    for lane in range(bus_bytes):
+                        m.d.comb += rotated[lane].eq(rdata[(lane + offset) % bus_bytes])
         m.d.sync += emit.eq(0)
         with m.If(r_fire & lengths.r_rdy & ~r_abort):
-            m.d.sync += buffer[r_beat].eq(bus.rdata)
+            for beat in range(read_words):
+                for lane in range(bus_bytes):
+                    # From this beat, or (wrapped lanes) from the beat after.
+                    for word, lanes in ((beat, ~wrapped[lane]), (beat - 1, wrapped[lane])):
+                        byte = word * bus_bytes + lane
+                        if 0 <= byte < self.row_bytes:
+                            with m.If(beat_is[beat] & lanes):
+                                m.d.sync += row[byte].eq(
+                                    rotated[lane] & byte_mask[byte].replicate(8))
             with m.If((bus.rresp == Resp.SLVERR) | (bus.rresp == Resp.DECERR)):
                 m.d.sync += r_error.eq(1)
-            m.d.sync += r_beat.eq(r_beat + 1)
+            m.d.sync += [r_beat.eq(r_beat + 1), beat_is.eq(beat_is << 1)]
             with m.If(r_beat == r_beats - 1):
                 m.d.sync += [
                     emit.eq(1),
-                    emit_offset.eq(r_offset),
                     emit_last.eq(r_rows_left == 1),
                     r_beat.eq(0),
+                    beat_is.eq(1),
                     r_rows_left.eq(r_rows_left - 1),
                     r_row_addr.eq(r_row_addr + stride),
                 ]
                 with m.If(r_rows_left == 1):
                     m.d.sync += r_active.eq(0)
 
-        shifted = Signal(8 * self.row_bytes)
-        m.d.comb += shifted.eq(buffer.as_value() >> (emit_offset * 8))
-        for byte in range(self.row_bytes):
-            with m.If(byte < row_bytes):
-                m.d.comb += self.row.payload[8 * byte:8 * byte + 8].eq(
-                    shifted[8 * byte:8 * byte + 8])
         m.d.comb += [
+            self.row.payload.eq(row.as_value()[:8 * self.row_bytes]),
             self.row.valid.eq(emit & ~r_error),
             self.done.eq((emit & emit_last) | drained),
             self.error.eq(r_error),

@@ -53,17 +53,24 @@ class DMAWriter(wiring.Component):
 
         write_words = ceil_div(self.row_bytes + bus_bytes - 1, bus_bytes)
         w_row_addr = Signal(32)
+        w_next_row = Signal(32)      # w_row_addr + w_stride, summed when w_row_addr is set
         w_rows_left = Signal(16)
+        w_final_row = Signal()       # w_rows_left == 1
         w_row_bytes = Signal(16)
         w_stride = Signal(32)
         w_beat_addr = Signal(32)
         w_beats_left = Signal(17)
-        w_beat = Signal(17)          # beat within the row
-        w_burst_beat = Signal(9)     # beat within the burst
-        w_burst_len = Signal(range(257))
+        # The burst on W: beats after the current one, whether it is the last beat, and
+        # whether another burst of the row follows (all set at its address, so that the end
+        # of a burst, and the choice to load the next row, come from flip-flops).
+        w_burst_left = Signal(8)
+        w_last_beat = Signal()
+        w_more_bursts = Signal()
+        # The row's beats, the one on W at the bottom: each beat shifts them down a word.
         w_data = Signal(data.ArrayLayout(self.data_width, write_words))
         w_strb = Signal(data.ArrayLayout(bus_bytes, write_words))
         w_outstanding = Signal(20)   # bursts whose last beat went, awaiting their response
+        w_none_outstanding = Signal(init=1)     # w_outstanding == 0, kept beside it
         w_error = Signal()
 
         # A row waiting while the row before it is written: the next row's address goes out
@@ -75,28 +82,25 @@ class DMAWriter(wiring.Component):
         # The row to load: the buffered one, else the one offered; at the address of the row
         # the writer is at (in ROW) or of the next one (at the end of a row, in DATA).
         load_addr = Signal(32)
-        w_next_row = Signal(32)
-        m.d.comb += w_next_row.eq(w_row_addr + w_stride)
         load_row = Signal(8 * self.row_bytes)
         m.d.comb += load_row.eq(Mux(next_valid, next_row, self.row.payload))
         w_aligned, w_offset, w_beats = self._row_geometry(m, load_addr, w_row_bytes, "wr")
-        w_len, w_len_minus_one, _, w_after_addr, w_after_left = self._next_burst(
-            m, w_beat_addr, w_beats_left, "wr")
+        w_len, w_len_minus_one, w_burst_ends_row, w_after_addr, w_after_left = \
+            self._next_burst(m, w_beat_addr, w_beats_left, "wr")
 
-        byte_mask = Signal(self.row_bytes)
-        for byte in range(self.row_bytes):
-            m.d.comb += byte_mask[byte].eq(byte < w_row_bytes)
+        byte_mask = Signal(self.row_bytes)      # the bytes of a row, set with the command
 
         # A burst awaits its response from its last W beat on (a response before it is as
         # spurious as one with no burst at all); a spurious one is not counted.
         burst_sent = bus.wvalid & bus.wready & bus.wlast
         b_fire = bus.bvalid & bus.bready
-        b_awaited = w_outstanding != 0
+        b_awaited = ~w_none_outstanding
         m.d.comb += bus.bready.eq(1)
         with m.If(burst_sent & ~(b_fire & b_awaited)):
-            m.d.sync += w_outstanding.eq(w_outstanding + 1)
+            m.d.sync += [w_outstanding.eq(w_outstanding + 1), w_none_outstanding.eq(0)]
         with m.Elif(b_fire & b_awaited & ~burst_sent):
-            m.d.sync += w_outstanding.eq(w_outstanding - 1)
+            m.d.sync += [w_outstanding.eq(w_outstanding - 1),
+                         w_none_outstanding.eq(w_outstanding == 1)]
         with m.If(b_fire & ((bus.bresp == Resp.SLVERR) | (bus.bresp == Resp.DECERR))):
             m.d.sync += w_error.eq(1)
         m.d.comb += self.error.eq(w_error)
@@ -104,9 +108,9 @@ class DMAWriter(wiring.Component):
         m.d.comb += [
             bus.awaddr.eq(w_beat_addr),
             bus.awlen.eq(w_len_minus_one),
-            bus.wdata.eq(w_data[w_beat]),
-            bus.wstrb.eq(w_strb[w_beat]),
-            bus.wlast.eq(w_burst_beat == w_burst_len - 1),
+            bus.wdata.eq(w_data[0]),
+            bus.wstrb.eq(w_strb[0]),
+            bus.wlast.eq(w_last_beat),
         ]
 
         def load():
@@ -116,7 +120,6 @@ class DMAWriter(wiring.Component):
                 w_strb.eq(byte_mask << w_offset),
                 w_beat_addr.eq(w_aligned),
                 w_beats_left.eq(w_beats),
-                w_beat.eq(0),
                 next_valid.eq(0),
             ]
             m.next = "ADDRESS"
@@ -126,10 +129,13 @@ class DMAWriter(wiring.Component):
                 m.d.comb += self.cmd.ready.eq(1)
                 with m.If(self.cmd.valid):
                     m.d.sync += [
-                        w_row_addr.eq(wcmd.addr), w_rows_left.eq(wcmd.rows),
+                        w_row_addr.eq(wcmd.addr), w_next_row.eq(wcmd.addr + wcmd.stride),
+                        w_rows_left.eq(wcmd.rows), w_final_row.eq(wcmd.rows == 1),
                         w_row_bytes.eq(wcmd.row_bytes), w_stride.eq(wcmd.stride),
                         w_error.eq(0),
                     ]
+                    for byte in range(self.row_bytes):
+                        m.d.sync += byte_mask[byte].eq(byte < wcmd.row_bytes)
                     m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += [self.row.ready.eq(~next_valid), load_addr.eq(w_row_addr)]
@@ -137,12 +143,13 @@ class DMAWriter(wiring.Component):
                     load()
             with m.State("ADDRESS"):
                 m.d.comb += [bus.awvalid.eq(1), self.row.ready.eq(~next_valid)]
-                m.d.sync += w_burst_len.eq(w_len)
                 with m.If(bus.awready):
                     m.d.sync += [
                         w_beat_addr.eq(w_after_addr),
                         w_beats_left.eq(w_after_left),
-                        w_burst_beat.eq(0),
+                        w_burst_left.eq(w_len_minus_one),
+                        w_last_beat.eq(w_len_minus_one == 0),
+                        w_more_bursts.eq(~w_burst_ends_row),
                     ]
                     m.next = "DATA"
             with m.State("DATA"):
@@ -150,25 +157,29 @@ class DMAWriter(wiring.Component):
                              load_addr.eq(w_next_row)]
                 with m.If(bus.wready):
                     m.d.sync += [
-                        w_beat.eq(w_beat + 1),
-                        w_burst_beat.eq(w_burst_beat + 1),
+                        w_data.eq(w_data.as_value() >> self.data_width),
+                        w_strb.eq(w_strb.as_value() >> bus_bytes),
+                        w_burst_left.eq(w_burst_left - 1),
+                        w_last_beat.eq(w_burst_left == 1),
                     ]
-                    with m.If(bus.wlast):
-                        with m.If(w_beats_left != 0):
+                    with m.If(w_last_beat):
+                        with m.If(w_more_bursts):
                             m.next = "ADDRESS"
-                        with m.Elif(w_rows_left == 1):
+                        with m.Elif(w_final_row):
                             m.next = "RESPONSES"
                         with m.Else():
                             m.d.sync += [
                                 w_rows_left.eq(w_rows_left - 1),
+                                w_final_row.eq(w_rows_left == 2),
                                 w_row_addr.eq(w_next_row),
+                                w_next_row.eq(w_next_row + w_stride),
                             ]
                             with m.If(next_valid):
                                 load()
                             with m.Else():
                                 m.next = "ROW"
             with m.State("RESPONSES"):
-                with m.If(w_outstanding == 0):
+                with m.If(w_none_outstanding):
                     m.d.comb += self.done.eq(1)
                     m.next = "IDLE"
 
@@ -179,5 +190,5 @@ class DMAWriter(wiring.Component):
         with m.If(self.row.valid & self.row.ready &
                   ~writer_fsm.ongoing("ROW")):
             m.d.sync += [next_row.eq(self.row.payload), next_valid.eq(1)]
-        m.d.comb += self.idle.eq(writer_fsm.ongoing("IDLE") & (w_outstanding == 0))
+        m.d.comb += self.idle.eq(writer_fsm.ongoing("IDLE") & w_none_outstanding)
         return m
