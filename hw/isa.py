@@ -14,7 +14,8 @@ from amaranth.lib import data, enum
 
 
 __all__ = [
-    "Opcode", "QuantMode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs", "Arguments", "Instruction",
+    "Opcode", "QuantMode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs",
+    "Arguments", "Instruction",
     "INSTR_BITS", "INSTR_BYTES", "OPTIONAL_FIELDS", "ErrorCode", "Reg", "MAGIC", "VERSION",
     "PERF_COUNTERS", "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
 ]

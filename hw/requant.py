@@ -1,4 +1,6 @@
-"""The requantizer of the output path: INT32 accumulator rows to INT8, per output channel."""
+"""The requantizer of the output path: INT32 accumulator rows to INT8, per output channel
+(TFLite's fixed-point arithmetic; ``hw/requant_float.py`` is the float mode's), and the frame
+both requantizers share."""
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
@@ -7,14 +9,76 @@ from amaranth.lib.wiring import In, Out
 from .pe import dsp_pes, mult18x18d
 
 
-__all__ = ["Requantizer", "INT32_MIN", "INT32_MAX"]
+__all__ = ["RowRequantizer", "Requantizer", "INT32_MIN", "INT32_MAX"]
 
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 
 
-class Requantizer(wiring.Component):
+class RowRequantizer(wiring.Component):
+    """What both requantizers share: their ports (``valid``, ``acc``, the per-lane
+    ``parameters`` of the subclass, ``zero_point``, ``act_min``, ``act_max``,
+    ``result_valid``, ``result``), the row's valid flag through :attr:`latency` registers, and
+    the result register, which holds a row until the next valid one. A subclass computes
+    each lane in :meth:`_lanes`.
+
+    Parameters
+    ----------
+    cols : int
+        Lanes per row.
+    parameters : dict
+        The per-lane input members: name -> shape of one lane.
+    dsp : bool
+        On ECP5, put the partial products on MULT18X18D (default, unless the platform has
+        run out of them: ``npu_dsp_pes``). Without, the same registers are built around a
+        plain ``*``.
+    """
+    #: Cycles from ``valid`` to the row on ``result``, in both modes: the store unit waits
+    #: this long for every ``STORE_Q`` row.
+    latency = 7
+
+    def __init__(self, cols, parameters, *, dsp=True):
+        if not isinstance(cols, int) or isinstance(cols, bool) or cols < 1:
+            raise ValueError(f"cols must be a positive integer, not {cols!r}")
+        self.cols = cols
+        self.dsp = bool(dsp)
+        super().__init__({
+            "valid":        In(1),
+            "acc":          In(data.ArrayLayout(signed(32), cols)),
+            **{name: In(data.ArrayLayout(shape, cols)) for name, shape in parameters.items()},
+            "zero_point":   In(signed(9)),
+            "act_min":      In(signed(8)),
+            "act_max":      In(signed(8)),
+            "result_valid": Out(1),
+            "result":       Out(data.ArrayLayout(signed(8), cols)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        on_dsp = (self.dsp and getattr(platform, "family", None) == "ecp5"
+                  and dsp_pes(platform) is None)
+
+        # Only the row's valid flag and the result are held; the stages in between run
+        # every cycle (as the MULT18X18D's registers do).
+        valid = self.valid
+        for stage in range(1, self.latency):
+            registered = Signal(name=f"valid_{stage}")
+            m.d.sync += registered.eq(valid)
+            valid = registered
+        m.d.sync += self.result_valid.eq(valid)
+
+        for lane, result in enumerate(self._lanes(m, on_dsp)):
+            with m.If(valid):
+                m.d.sync += self.result[lane].eq(result)
+        return m
+
+    def _lanes(self, m, on_dsp):
+        """Every lane's clamped value, from the registers of stage ``latency - 1``."""
+        raise NotImplementedError
+
+
+class Requantizer(RowRequantizer):
     """TFLite/gemmlowp integer requantization of one accumulator row, :attr:`latency` cycles
     deep.
 
@@ -67,45 +131,11 @@ class Requantizer(wiring.Component):
     result_valid : Out(1)
     result : Out(ArrayLayout(signed(8), cols))
     """
-    #: Cycles from ``valid`` to the row on ``result``.
-    latency = 7
-
     def __init__(self, cols, *, dsp=True):
-        if not isinstance(cols, int) or isinstance(cols, bool) or cols < 1:
-            raise ValueError(f"cols must be a positive integer, not {cols!r}")
-        self.cols = cols
-        self.dsp = bool(dsp)
-        super().__init__({
-            "valid":        In(1),
-            "acc":          In(data.ArrayLayout(signed(32), cols)),
-            "multiplier":   In(data.ArrayLayout(signed(32), cols)),
-            "shift":        In(data.ArrayLayout(signed(6), cols)),
-            "zero_point":   In(signed(9)),
-            "act_min":      In(signed(8)),
-            "act_max":      In(signed(8)),
-            "result_valid": Out(1),
-            "result":       Out(data.ArrayLayout(signed(8), cols)),
-        })
+        super().__init__(cols, {"multiplier": signed(32), "shift": signed(6)}, dsp=dsp)
 
-    def elaborate(self, platform):
-        m = Module()
-        on_dsp = (self.dsp and getattr(platform, "family", None) == "ecp5"
-                  and dsp_pes(platform) is None)
-
-        # Only the row's valid flag and the result are held; the stages in between run
-        # every cycle (as the MULT18X18D's registers do).
-        valid = self.valid
-        for stage in range(1, self.latency):
-            registered = Signal(name=f"valid_{stage}")
-            m.d.sync += registered.eq(valid)
-            valid = registered
-        m.d.sync += self.result_valid.eq(valid)
-
-        for lane in range(self.cols):
-            result = self._lane(m, lane, on_dsp)
-            with m.If(valid):
-                m.d.sync += self.result[lane].eq(result)
-        return m
+    def _lanes(self, m, on_dsp):
+        return [self._lane(m, lane, on_dsp) for lane in range(self.cols)]
 
     def _lane(self, m, lane, on_dsp):
         """The stages of one lane; returns the clamped value, to register as the result."""

@@ -1,12 +1,10 @@
 """The float-mode requantizer of the output path: onnxruntime's float32 requantization of
 INT32 accumulator rows to INT8, per output channel, in integer logic."""
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.hdl import Cat, Const, Mux, Signal, signed, unsigned
 
-from .pe import dsp_pes, mult18x18d
-from .requant import Requantizer
+from .pe import mult18x18d
+from .requant import RowRequantizer
 
 
 __all__ = ["FloatRequantizer"]
@@ -38,7 +36,7 @@ def _leading_zeros(m, value, name):
     return count, zero
 
 
-class FloatRequantizer(wiring.Component):
+class FloatRequantizer(RowRequantizer):
     """onnxruntime's requantization (MLAS ``MlasRequantizeOutput``) of one accumulator row,
     :attr:`latency` cycles deep, from integer logic only.
 
@@ -80,19 +78,16 @@ class FloatRequantizer(wiring.Component):
        carry-in, and beside it the clamp, as comparisons of the magnitude with the bounds
        (precomputed from the zero point and clamp, one register per block).
 
-    The row timing is :class:`~hw.requant.Requantizer`'s: a row given with ``valid`` in
-    cycle ``t`` is on ``result`` from cycle ``t + latency`` until the next valid row has gone
-    through. ``scale``, ``zero_point`` and the clamp bounds must hold while a row is in
-    flight and from the cycle before it on.
+    The row timing and :attr:`latency` are :class:`~hw.requant.Requantizer`'s (the frame of
+    :class:`~hw.requant.RowRequantizer`), so the store unit waits the same in both modes: a
+    row given with ``valid`` in cycle ``t`` is on ``result`` from cycle ``t + latency`` until
+    the next valid row has gone through. ``scale``, ``zero_point`` and the clamp bounds must
+    hold while a row is in flight and from the cycle before it on.
 
     Parameters
     ----------
-    cols : int
-        Lanes per row.
-    dsp : bool
-        On ECP5, put the partial products on MULT18X18D (default, unless the platform has
-        run out of them: ``npu_dsp_pes``). Without, the same registers are built around a
-        plain ``*``.
+    cols, dsp
+        Lanes per row, and MULT18X18D or not: as for :class:`~hw.requant.Requantizer`.
 
     Attributes
     ----------
@@ -107,38 +102,10 @@ class FloatRequantizer(wiring.Component):
     result_valid : Out(1)
     result : Out(ArrayLayout(signed(8), cols))
     """
-    #: Cycles from ``valid`` to the row on ``result``: the fixed-point requantizer's, so that
-    #: the store unit waits the same in both modes.
-    latency = Requantizer.latency
-
     def __init__(self, cols, *, dsp=True):
-        if not isinstance(cols, int) or isinstance(cols, bool) or cols < 1:
-            raise ValueError(f"cols must be a positive integer, not {cols!r}")
-        self.cols = cols
-        self.dsp = bool(dsp)
-        super().__init__({
-            "valid":        In(1),
-            "acc":          In(data.ArrayLayout(signed(32), cols)),
-            "scale":        In(data.ArrayLayout(unsigned(32), cols)),
-            "zero_point":   In(signed(9)),
-            "act_min":      In(signed(8)),
-            "act_max":      In(signed(8)),
-            "result_valid": Out(1),
-            "result":       Out(data.ArrayLayout(signed(8), cols)),
-        })
+        super().__init__(cols, {"scale": unsigned(32)}, dsp=dsp)
 
-    def elaborate(self, platform):
-        m = Module()
-        on_dsp = (self.dsp and getattr(platform, "family", None) == "ecp5"
-                  and dsp_pes(platform) is None)
-
-        valid = self.valid
-        for stage in range(1, self.latency):
-            registered = Signal(name=f"valid_{stage}")
-            m.d.sync += registered.eq(valid)
-            valid = registered
-        m.d.sync += self.result_valid.eq(valid)
-
+    def _lanes(self, m, on_dsp):
         # The clamp as bounds on the magnitude |y| of the rounded product, for a positive
         # and a negative product (y + zero_point > act_max: |y| > act_max - zero_point, or
         # |y| < zero_point - act_max), computed once for every lane; they are static while
@@ -151,12 +118,7 @@ class FloatRequantizer(wiring.Component):
                 ("below_negative", self.zero_point - self.act_max)]:
             bounds[name] = Signal(signed(10), name=f"bound_{name}")
             m.d.sync += bounds[name].eq(value)
-
-        for lane in range(self.cols):
-            result = self._lane(m, lane, on_dsp, bounds)
-            with m.If(valid):
-                m.d.sync += self.result[lane].eq(result)
-        return m
+        return [self._lane(m, lane, on_dsp, bounds) for lane in range(self.cols)]
 
     def _lane(self, m, lane, on_dsp, bounds):
         """The stages of one lane; returns the clamped value, to register as the result."""

@@ -517,34 +517,56 @@ def test_quant_reset_state():
     assert not result.dram[0x200:0x206].any()
 
 
+def float_rows(scales, reserved=(0, 0, 0)):
+    """The two float-mode LOAD_QUANT rows at 0x300 (float32 scales) and 0x340 (reserved)."""
+    return [(0x300, np.array(scales, dtype="<f4")), (0x340, np.array(reserved, dtype="<i4"))]
+
+
+@pytest.mark.parametrize("mode", list(QuantMode))
 @pytest.mark.parametrize("config", [WIDE, TALL], ids=["2x3", "3x2"])
-def test_store_q_against_requantize(config):
-    from sw.quant import requantize
-    seed = 31
+def test_store_q_against_the_references(config, mode):
+    """STORE_Q is requantize (fixed point) or requantize_float (float mode) of the
+    accumulator rows with the state LOAD_QUANT loaded."""
+    from sw.quant import requantize, requantize_float
+    seed = 31 + mode
     print(f"seed {seed}")
     rng = np.random.default_rng(seed)
     cols = config.cols
     for trial in range(20):
         acc = rng.integers(INT32_MIN, INT32_MAX, (4, cols), dtype=np.int64, endpoint=True)
+        if mode is QuantMode.FLOAT:
+            acc >>= rng.integers(0, 32, (4, cols))         # every magnitude
         acc[0, 0], acc[1, 0] = INT32_MIN, INT32_MAX
         acc = acc.astype("<i4")
-        multipliers = rng.integers(INT32_MIN, INT32_MAX, cols, dtype=np.int64, endpoint=True)
-        multipliers[0] = INT32_MIN if trial % 2 else INT32_MAX
-        shifts = rng.integers(-31, 31, cols, endpoint=True)
+        if mode is QuantMode.FLOAT:
+            scales = (rng.uniform(-1, 1, cols) * 2.0 ** rng.integers(-30, 0, cols)).astype(
+                "<f4")
+            rows = float_rows(scales, [0] * cols)
+        else:
+            multipliers = rng.integers(INT32_MIN, INT32_MAX, cols, dtype=np.int64,
+                                       endpoint=True)
+            multipliers[0] = INT32_MIN if trial % 2 else INT32_MAX
+            shifts = rng.integers(-31, 31, cols, endpoint=True)
+            rows = quant_rows(multipliers, shifts)
         zero_point = int(rng.integers(-128, 128))
         act_min, act_max = sorted(int(value) for value in rng.integers(-128, 128, 2))
         model, result = run(config, [
             load_acc(0, 4, 4 * cols, 0x100),
-            load_quant(0x300, 4 * cols, zero_point, act_min, act_max),
+            load_quant(0x300, 4 * cols, zero_point, act_min, act_max, mode=mode),
             store_q(0, 4, cols, 0x200),
             end(),
-        ], data=[(0x100, acc)] + quant_rows(multipliers, shifts))
+        ], data=[(0x100, acc)] + rows)
         assert_done(result, 4)
-        assert model.multipliers.tolist() == multipliers.tolist()
-        assert model.shifts.tolist() == shifts.tolist()
+        assert model.quant_mode is mode
         assert (model.zero_point, model.act_min, model.act_max) == (zero_point, act_min,
                                                                      act_max)
-        expected = requantize(acc, multipliers, shifts, zero_point, act_min, act_max)
+        if mode is QuantMode.FLOAT:
+            assert model.multipliers.view("<f4").tolist() == scales.tolist()
+            expected = requantize_float(acc, scales, zero_point, act_min, act_max)
+        else:
+            assert model.multipliers.tolist() == multipliers.tolist()
+            assert model.shifts.tolist() == shifts.tolist()
+            expected = requantize(acc, multipliers, shifts, zero_point, act_min, act_max)
         stored = result.dram[0x200:0x200 + 4 * cols].view(np.int8).reshape(4, cols)
         assert np.array_equal(stored, expected)
 
@@ -675,40 +697,6 @@ def test_load_quant_errors(case):
         assert model.multipliers.tolist() == good["multipliers"]
         assert model.shifts.tolist() == good["shifts"]
         assert (model.zero_point, model.act_min, model.act_max) == (-9, -100, 100)
-
-
-def float_rows(scales, reserved=(0, 0, 0)):
-    """The two float-mode LOAD_QUANT rows at 0x300 (float32 scales) and 0x340 (reserved)."""
-    return [(0x300, np.array(scales, dtype="<f4")), (0x340, np.array(reserved, dtype="<i4"))]
-
-
-@pytest.mark.parametrize("config", [WIDE, TALL], ids=["2x3", "3x2"])
-def test_store_q_float_against_requantize_float(config):
-    from sw.quant import requantize_float
-    seed = 32
-    print(f"seed {seed}")
-    rng = np.random.default_rng(seed)
-    cols = config.cols
-    for trial in range(20):
-        acc = rng.integers(INT32_MIN, INT32_MAX, (4, cols), dtype=np.int64, endpoint=True)
-        acc >>= rng.integers(0, 32, (4, cols))
-        acc[0, 0], acc[1, 0] = INT32_MIN, INT32_MAX
-        acc = acc.astype("<i4")
-        scales = (rng.uniform(-1, 1, cols) * 2.0 ** rng.integers(-30, 0, cols)).astype("<f4")
-        zero_point = int(rng.integers(-128, 128))
-        act_min, act_max = sorted(int(value) for value in rng.integers(-128, 128, 2))
-        model, result = run(config, [
-            load_acc(0, 4, 4 * cols, 0x100),
-            load_quant(0x300, 4 * cols, zero_point, act_min, act_max, mode=QuantMode.FLOAT),
-            store_q(0, 4, cols, 0x200),
-            end(),
-        ], data=[(0x100, acc)] + float_rows(scales, [0] * cols))
-        assert_done(result, 4)
-        assert model.quant_mode is QuantMode.FLOAT
-        assert model.multipliers.view("<f4").tolist() == scales.tolist()
-        expected = requantize_float(acc, scales, zero_point, act_min, act_max)
-        stored = result.dram[0x200:0x200 + 4 * cols].view(np.int8).reshape(4, cols)
-        assert np.array_equal(stored, expected)
 
 
 def test_quant_mode_switches_per_load_quant():

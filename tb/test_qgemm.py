@@ -349,30 +349,6 @@ def test_float_mode_program_and_quant_region():
     assert not region[36:].any()
 
 
-@pytest.mark.parametrize("changes, error, match", [
-    (dict(scale=np.ones(4, np.float32)), NPUValueError,
-     "either multiplier and shift or scale, not both: scale and multiplier and shift"),
-    (dict(multiplier=None), NPUValueError, "only shift was given"),
-    (dict(multiplier=None, shift=None), NPUValueError, "only neither was given"),
-    (dict(multiplier=None, shift=None, scale=np.ones(4)), NPUTypeError,
-     "scale must be a numpy array of float32"),
-    (dict(multiplier=None, shift=None, scale=[1.0] * 4), NPUTypeError,
-     "scale must be a numpy array of float32"),
-    (dict(multiplier=None, shift=None, scale=np.ones(3, np.float32)), NPUValueError,
-     r"scale must have shape \(4,\)"),
-    (dict(multiplier=None, shift=None, scale=np.array([1, 1, np.nan, 1], np.float32)),
-     NPUValueError, r"scale\[2\] = nan"),
-    (dict(multiplier=None, shift=None, scale=np.array([1, -np.inf, 1, 1], np.float32)),
-     NPUValueError, r"scale\[1\] = -inf"),
-])
-def test_rejects_a_bad_requantization_choice(changes, error, match):
-    problem = dict(good_problem(), **changes)
-    with pytest.raises(error, match=match):
-        qgemm(**problem)
-    with pytest.raises(error, match=match):
-        reference_qgemm(**problem)
-
-
 def test_compile_rejects_a_bad_quant_mode():
     with pytest.raises(NPUValueError, match="quant_mode must be one of"):
         compile_at(NPUConfig.from_name("4x4"), 2, 2, 2, quant_mode=2)
@@ -551,6 +527,21 @@ def good_problem():
     (dict(act_max=128), NPUValueError, "act_max must be within"),
     (dict(act_min=10, act_max=9), NPUValueError,
      "act_min must not exceed act_max, but act_min = 10 and act_max = 9"),
+    # Exactly one of multiplier and shift (fixed point) or scale (float mode).
+    (dict(scale=np.ones(4, np.float32)), NPUValueError,
+     "either multiplier and shift or scale, not both: scale and multiplier and shift"),
+    (dict(multiplier=None), NPUValueError, "only shift was given"),
+    (dict(multiplier=None, shift=None), NPUValueError, "only neither was given"),
+    (dict(multiplier=None, shift=None, scale=np.ones(4)), NPUTypeError,
+     "scale must be a numpy array of float32"),
+    (dict(multiplier=None, shift=None, scale=[1.0] * 4), NPUTypeError,
+     "scale must be a numpy array of float32"),
+    (dict(multiplier=None, shift=None, scale=np.ones(3, np.float32)), NPUValueError,
+     r"scale must have shape \(4,\)"),
+    (dict(multiplier=None, shift=None, scale=np.array([1, 1, np.nan, 1], np.float32)),
+     NPUValueError, r"scale\[2\] = nan"),
+    (dict(multiplier=None, shift=None, scale=np.array([1, -np.inf, 1, 1], np.float32)),
+     NPUValueError, r"scale\[1\] = -inf"),
 ])
 def test_rejects_bad_operands(changes, error, match):
     problem = dict(good_problem(), **changes)

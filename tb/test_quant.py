@@ -479,7 +479,8 @@ def _onnx_session(accs, scales):
 def _compare_with_onnxruntime(accs, scales):
     session, activations = _onnx_session(accs, scales)
     for zero_point in (-128, -1, 0, 5, 127):
-        y, acc = session.run(None, {"A": activations, "y_zero_point": np.array(zero_point, np.int8)})
+        y, acc = session.run(None, {"A": activations,
+                                    "y_zero_point": np.array(zero_point, np.int8)})
         assert np.array_equal(acc, np.repeat(np.array(accs, np.int32)[:, None], len(scales), 1))
         want = requantize_float(acc, np.asarray(scales, np.float32), zero_point, -128, 127)
         wrong = np.argwhere(y != want)
