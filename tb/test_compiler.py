@@ -308,3 +308,73 @@ def test_program_body_drops_end():
     program = compile_at(NPUConfig.from_name("4x4"), 3, 3, 3)
     assert program.body == program.words[:-1]
     assert codec.decode(program.words[-1]) == (Opcode.END, {})
+
+
+# The programs are word-for-word those of before the compiler became a package -----------------
+
+#: sha256 (first 16 hex digits) of the programs of :func:`golden_programs`, by family and
+#: config, computed on the tree before ``sw/compiler.py`` was split into ``sw/compiler/``.
+GOLDEN = {
+    "8x8": {"gemm": "4993e0b38fd22797", "qgemm": "17361f263ed6bc94", "conv": "354c54dbe89fde44",
+            "depthwise": "25c92ba57f4798be"},
+    "4x4": {"gemm": "3838d02c3a921105", "qgemm": "23b8f2b55eb16726", "conv": "27a0c999ca22c126",
+            "depthwise": "a252adaa79ec7353"},
+}
+
+
+def golden_programs(config):
+    """``{family: [program, ...]}``: GEMMs of every schedule, quantized GEMMs of both modes,
+    convolutions of both lowerings, with fixed addresses."""
+    from hw.isa import QuantMode
+    from sw.compiler import compile_qgemm
+    from sw.conv import Conv2dGeometry, compile_conv2d
+    quant_addresses = dict(bias_addr=0x50000, quant_addr=0x60000, y_addr=0x70000)
+    families = {"gemm": [], "qgemm": [], "conv": [], "depthwise": []}
+    for schedule in ("auto", "overlap", "resident", "streaming"):
+        for m, k, n in ((37, 50, 23), (200, 17, 70), (5, 9, 3)):
+            families["gemm"].append(compile_gemm(
+                config, m, k, n, a_addr=0x1000, b_addr=0x40000, c_addr=0x80000,
+                schedule=schedule))
+        families["gemm"].append(compile_gemm(
+            config, 30, 40, 50, a_addr=0x1000, b_addr=0x40000, c_addr=0x80000,
+            schedule=schedule, a_stride=48, b_stride=64))
+    channels = 12
+    block_diagonal = ((np.arange(9 * channels * channels).reshape(3, 3, channels, channels)
+                       % 7 + 1).astype(np.int8) * np.eye(channels, dtype=np.int8))
+    for schedule in ("auto", "resident", "streaming"):
+        for (m, k, n), mode in itertools.product(((37, 50, 23), (300, 17, 9)), QuantMode):
+            families["qgemm"].append(compile_qgemm(
+                config, m, k, n, a_addr=0x1000, b_addr=0x40000, **quant_addresses,
+                out_zero_point=-3, act_min=-100, act_max=120, schedule=schedule,
+                quant_mode=mode))
+        families["qgemm"].append(compile_qgemm(
+            config, 20, 30, 10, a_addr=0x1000, b_addr=0x40000, **quant_addresses,
+            out_zero_point=0, act_min=-128, act_max=127, y_stride=16, schedule=schedule))
+        conv_operands = dict(x_addr=0x1000, w_addr=0x40000, **quant_addresses,
+                             out_zero_point=1, act_min=-128, act_max=127, schedule=schedule)
+        for geometry, lowerings in (
+                (Conv2dGeometry(2, 6, 5, 3, 7, 3, 3, padding=1), ("taps", "kernel_rows")),
+                (Conv2dGeometry(1, 9, 9, 12, 5, 3, 3, stride=2, padding=(1, 0, 0, 1),
+                                out_padding=1), ("taps", "kernel_rows")),
+                (Conv2dGeometry(1, 4, 4, 16, 16, 1, 1, in_pixel_stride=20,
+                                out_pixel_stride=24), ("taps",))):
+            for lowering in lowerings:
+                families["conv"].append(compile_conv2d(config, geometry, **conv_operands,
+                                                       lowering=lowering))
+        geometry = Conv2dGeometry(2, 6, 5, channels, channels, 3, 3, padding=1)
+        for lowering in ("taps", "kernel_rows"):
+            families["depthwise"].append(compile_conv2d(
+                config, geometry, **conv_operands, lowering=lowering, weights=block_diagonal))
+    return families
+
+
+def digest(programs):
+    import hashlib
+    return hashlib.sha256(b"".join(program.bytes for program in programs)).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("config_name", ["8x8", "4x4"])
+def test_programs_are_unchanged(config_name):
+    families = golden_programs(NPUConfig.from_name(config_name))
+    assert {family: digest(programs) for family, programs in families.items()} == \
+        GOLDEN[config_name]
