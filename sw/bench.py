@@ -35,7 +35,8 @@ import numpy as np
 
 from hw.config import NPUConfig
 from .compiler import compile_gemm, scalesim_cycles
-from .driver import gemm_batch, prepare_gemm, reference_gemm, run_jobs
+from .driver import gemm_batch, prepare_gemm, run_jobs
+from .reference import reference_gemm
 from .errors import BackendUnavailable, NPUError
 from .timing import predict_gemm
 

@@ -271,7 +271,8 @@ def _operands(arguments):
 
 def _run_gemm(arguments):
     from dataclasses import replace
-    from .driver import gemm, reference_gemm
+    from .driver import gemm
+    from .reference import reference_gemm
     from .timing import predict_gemm
 
     config = _config_from(arguments)
@@ -381,7 +382,8 @@ def _qgemm_operands(arguments):
 
 
 def _run_qgemm(arguments):
-    from .driver import qgemm, reference_qgemm
+    from .driver import qgemm
+    from .reference import reference_qgemm
 
     config = _config_from(arguments)
     operands, seed = _qgemm_operands(arguments)

@@ -31,17 +31,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.config import MAX_K, NPUConfig
-from hw.isa import QuantMode
+from hw.config import NPUConfig
 from . import backend
-from .compiler import compile_gemm, plan_gemm
-from .errors import NPURunError, NPUTypeError, NPUValueError
+from .compiler import compile_gemm, compile_qgemm, plan_gemm, plan_qgemm
+from .errors import NPURunError, NPUValueError
+from .operands import (check_config, check_config_and_sim, check_gemm_operands,
+                       check_qgemm_operands)
+from .reference import INT32_MAX, INT32_MIN, reference_gemm, reference_qgemm, wrap_int32
 
 
 __all__ = ["DramLayout", "GemmResult", "gemm", "gemm_batch", "reference_gemm", "layout_dram",
            "PROGRAM_ADDR", "REGION_ALIGN", "ROW_PITCH", "DRAM_GRANULE", "POISON",
            "RegionLayout", "QuantResult", "PreparedJob", "qgemm", "qgemm_batch",
-           "reference_qgemm", "layout_regions", "prepare_gemm", "prepare_qgemm", "run_jobs"]
+           "reference_qgemm", "layout_regions", "prepare_gemm", "prepare_qgemm", "run_jobs",
+           "fold_zero_point", "quant_region", "place_region", "wrap_int32"]
 
 
 #: Byte address of the program: non-zero so that a zero program pointer cannot run it.
@@ -129,7 +132,7 @@ class GemmResult:
     config : hw.config.NPUConfig
     sim : str
         The backend that ran the program.
-    plan : sw.compiler.GemmPlan
+    plan : sw.compiler.Plan
     layout : DramLayout
     cycles : int or None
         Clock cycles of the run; ``None`` on the model.
@@ -163,41 +166,6 @@ class GemmResult:
         if self.cycles is None:
             return None
         return self.macs / (self.cycles * self.config.rows * self.config.cols)
-
-
-def _check_matrix(name, matrix):
-    if not isinstance(matrix, np.ndarray):
-        raise NPUTypeError(f"{name} must be a numpy array of int8, not {type(matrix).__name__}")
-    if matrix.dtype != np.int8:
-        # Casting would silently clip or round; the caller must quantize explicitly.
-        raise NPUTypeError(f"{name} must have dtype int8, not {matrix.dtype}; quantize it "
-                           f"explicitly (the NPU computes INT8 x INT8 only)")
-    if matrix.ndim != 2:
-        raise NPUValueError(f"{name} must be two-dimensional, not of shape {matrix.shape}")
-    if matrix.size == 0:
-        raise NPUValueError(f"{name} must not be empty, but its shape is {matrix.shape}")
-
-
-def _check_operands(A, B):
-    _check_matrix("A", A)
-    _check_matrix("B", B)
-    if A.shape[1] != B.shape[0]:
-        raise NPUValueError(f"inner dimensions differ: A is {A.shape[0]}x{A.shape[1]} and B is "
-                            f"{B.shape[0]}x{B.shape[1]} (A's columns must equal B's rows)")
-    if A.shape[1] > MAX_K:
-        raise NPUValueError(f"K = {A.shape[1]} is larger than MAX_K = {MAX_K}: a longer INT8 "
-                            f"dot product could overflow the INT32 accumulator")
-
-
-def reference_gemm(A, B):
-    """The exact product the NPU must return: ``A.astype(int32) @ B.astype(int32)``.
-
-    Up to :data:`hw.config.MAX_K` it is computed in float64 by BLAS: every partial sum is an
-    integer below 2^31, exact in float64 whatever the order of the additions, and numpy's
-    integer matmul (no BLAS) took 0.2 s of the 512^3 ``npu gemm`` against 0.01 s."""
-    if A.ndim == 2 and A.shape[1] <= MAX_K and A.dtype == B.dtype == np.int8:
-        return (A.astype(np.float64) @ B.astype(np.float64)).astype(np.int32)
-    return A.astype(np.int32) @ B.astype(np.int32)
 
 
 def gemm(A, B, config=None, sim="model", *, schedule="auto"):
@@ -239,14 +207,14 @@ def gemm(A, B, config=None, sim="model", *, schedule="auto"):
 def prepare_gemm(A, B, *, config=None, schedule="auto"):
     """Check the operands, compile the GEMM and build its DRAM image (see :func:`run_jobs`)."""
     config = check_config(config)
-    _check_operands(A, B)
+    check_gemm_operands(A, B)
     m, k = A.shape
     n = B.shape[1]
     plan = plan_gemm(config, m, k, n, schedule=schedule)
     layout = layout_dram(m, k, n, plan.instructions)
     program = compile_gemm(config, m, k, n, a_addr=layout.a_addr, b_addr=layout.b_addr,
-                           c_addr=layout.c_addr, schedule=schedule, a_stride=layout.a_stride,
-                           b_stride=layout.b_stride)
+                           c_addr=layout.c_addr, a_stride=layout.a_stride,
+                           b_stride=layout.b_stride, plan=plan)
 
     dram = np.zeros(layout.size, dtype=np.uint8)
     dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \
@@ -279,9 +247,6 @@ def gemm_batch(pairs, config=None, sim="model", *, schedule="auto"):
 
 
 # Quantized layers -----------------------------------------------------------------------------
-
-INT32_MIN = -(1 << 31)
-INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -344,7 +309,7 @@ class QuantResult:
         :func:`sw.conv.conv2d`.
     config : hw.config.NPUConfig
     sim : str
-    plan : sw.compiler.QuantPlan
+    plan : sw.compiler.Plan
     layout : RegionLayout
     cycles : int or None
         Clock cycles of the run; ``None`` on the model.
@@ -412,111 +377,6 @@ def run_jobs(jobs, config, sim):
     return finished
 
 
-def check_config(config):
-    """The config (``NPUConfig()`` for ``None``), after checking its type."""
-    if config is None:
-        config = NPUConfig()
-    if not isinstance(config, NPUConfig):
-        raise NPUTypeError(f"config must be an NPUConfig, not {config!r}")
-    return config
-
-
-def check_config_and_sim(config, sim):
-    """The config (``NPUConfig()`` for ``None``), after checking it and ``sim``."""
-    config = check_config(config)
-    if sim not in backend.SIMULATORS:
-        raise NPUValueError(f"sim must be one of {', '.join(backend.SIMULATORS)}, "
-                            f"not {sim!r}")
-    return config
-
-
-def check_int(name, value, low, high):
-    """``value`` as a Python int within ``low .. high``; bools and floats are refused."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise NPUTypeError(f"{name} must be an integer, not {value!r}")
-    value = int(value)
-    if not low <= value <= high:
-        raise NPUValueError(f"{name} must be within {low} .. {high}, not {value}")
-    return value
-
-
-def check_int8_array(name, array, ndim, what):
-    """Refuse anything but a non-empty ``ndim``-dimensional int8 numpy array."""
-    if not isinstance(array, np.ndarray):
-        raise NPUTypeError(f"{name} must be a numpy array of int8, not {type(array).__name__}")
-    if array.dtype != np.int8:
-        raise NPUTypeError(f"{name} must have dtype int8, not {array.dtype}; quantize it "
-                           f"explicitly (the NPU computes INT8 x INT8 only)")
-    if array.ndim != ndim:
-        raise NPUValueError(f"{name} must be {what} ({ndim} dimensions), not of shape "
-                            f"{array.shape}")
-    if array.size == 0:
-        raise NPUValueError(f"{name} must not be empty, but its shape is {array.shape}")
-
-
-def check_channel_vector(name, vector, channels, what):
-    """Refuse anything but an int32 numpy array of shape ``(channels,)``."""
-    if not isinstance(vector, np.ndarray):
-        raise NPUTypeError(f"{name} must be a numpy array of int32, not "
-                           f"{type(vector).__name__}")
-    if vector.dtype != np.int32:
-        raise NPUTypeError(f"{name} must have dtype int32, not {vector.dtype}")
-    if vector.shape != (channels,):
-        raise NPUValueError(f"{name} must have shape ({channels},), one value per {what}, "
-                            f"not {vector.shape}")
-
-
-def check_requantization(multiplier, shift, out_zero_point, act_min, act_max, channels,
-                         what, scale=None):
-    """Check the requantization operands: the per-channel multipliers and shifts, or (float
-    mode) the float32 scales, exactly one of the two; and the output zero point and clamp.
-    Return ``(quant_mode, out_zero_point, act_min, act_max)``."""
-    given = [name for name, value in (("multiplier", multiplier), ("shift", shift))
-             if value is not None]
-    if scale is not None:
-        if given:
-            raise NPUValueError(f"give either multiplier and shift or scale, not both: scale "
-                                f"and {' and '.join(given)} were given")
-        quant_mode = QuantMode.FLOAT
-        if not isinstance(scale, np.ndarray) or scale.dtype != np.float32:
-            raise NPUTypeError(f"scale must be a numpy array of float32 (one per {what}), not "
-                               f"{getattr(scale, 'dtype', type(scale).__name__)}")
-        if scale.shape != (channels,):
-            raise NPUValueError(f"scale must have shape ({channels},), one value per {what}, "
-                                f"not {scale.shape}")
-        bad = np.flatnonzero(~np.isfinite(scale))
-        if bad.size:
-            raise NPUValueError(f"scale must be finite, but scale[{bad[0]}] = {scale[bad[0]]}")
-    else:
-        if len(given) < 2:
-            raise NPUValueError(f"give multiplier and shift (the fixed-point requantization) "
-                                f"or scale (the float one); only "
-                                f"{' and '.join(given) or 'neither'} was given")
-        quant_mode = QuantMode.FIXED
-        check_channel_vector("multiplier", multiplier, channels, what)
-        check_channel_vector("shift", shift, channels, what)
-        bad = np.flatnonzero((shift < -31) | (shift > 31))
-        if bad.size:
-            raise NPUValueError(f"shift must be within -31 .. 31, but shift[{bad[0]}] = "
-                                f"{shift[bad[0]]}")
-    out_zero_point = check_int("out_zero_point", out_zero_point, -128, 127)
-    act_min = check_int("act_min", act_min, -128, 127)
-    act_max = check_int("act_max", act_max, -128, 127)
-    if act_min > act_max:
-        raise NPUValueError(f"act_min must not exceed act_max, but act_min = {act_min} and "
-                            f"act_max = {act_max}")
-    return quant_mode, out_zero_point, act_min, act_max
-
-
-def reference_requantize(acc, multiplier, shift, scale, out_zero_point, act_min, act_max):
-    """:func:`sw.quant.requantize`, or :func:`sw.quant.requantize_float` if ``scale`` is
-    given, of checked operands."""
-    from .quant import requantize, requantize_float
-    if scale is not None:
-        return requantize_float(acc, scale, out_zero_point, act_min, act_max)
-    return requantize(acc, multiplier, shift, out_zero_point, act_min, act_max)
-
-
 def fold_zero_point(bias, weight_sums, zero_point, name):
     """``bias - zero_point * weight_sums`` as int32, refusing a value that does not fit.
 
@@ -532,41 +392,6 @@ def fold_zero_point(bias, weight_sums, zero_point, name):
                             f"fit INT32: channel {channel} gives {bias[channel]} - "
                             f"{zero_point} * {weight_sums[channel]} = {folded[channel]}")
     return folded.astype(np.int32)
-
-
-def wrap_int32(values):
-    """INT64 values reduced to INT32 with two's complement wrap-around, as the accumulator."""
-    return ((np.asarray(values, dtype=np.int64) - INT32_MIN) % (1 << 32) + INT32_MIN).astype(
-        np.int32)
-
-
-def _check_qgemm(A, B, bias, multiplier, shift, scale, out_zero_point, act_min, act_max,
-                 a_zero_point):
-    _check_operands(A, B)
-    n = B.shape[1]
-    check_channel_vector("bias", bias, n, "column of B")
-    quant_mode, out_zero_point, act_min, act_max = check_requantization(
-        multiplier, shift, out_zero_point, act_min, act_max, n, "column of B", scale)
-    a_zero_point = check_int("a_zero_point", a_zero_point, -128, 127)
-    return quant_mode, out_zero_point, act_min, act_max, a_zero_point
-
-
-def reference_qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_zero_point,
-                    act_min, act_max, a_zero_point=0):
-    """The exact result :func:`qgemm` must return.
-
-    ``requantize((A - a_zero_point) @ B + bias)``, with the sum taken in INT64 and then
-    wrapped to INT32 as the accumulator wraps (a sum that does not fit INT32 is an overflow
-    in the hardware and in TFLite alike; the NPU wraps around, and so does this reference).
-    It equals ``requantize(A @ B + (bias - a_zero_point * B.sum(axis=0)))``, the folded form
-    the NPU computes, because the two sums are the same integers. ``requantize`` is
-    :func:`sw.quant.requantize`, or :func:`sw.quant.requantize_float` given ``scale``.
-    """
-    _, out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
-        A, B, bias, multiplier, shift, scale, out_zero_point, act_min, act_max, a_zero_point)
-    acc = (A.astype(np.int64) - a_zero_point) @ B.astype(np.int64) + bias.astype(np.int64)
-    return reference_requantize(wrap_int32(acc), multiplier, shift, scale, out_zero_point,
-                                act_min, act_max)
 
 
 def quant_region(multiplier, shift, scale=None):
@@ -587,9 +412,8 @@ def prepare_qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_ze
                   act_min, act_max, a_zero_point=0, config=None, schedule="auto"):
     """Check the operands, compile the quantized GEMM and build its DRAM image (see
     :func:`run_jobs`); the arguments are those of :func:`qgemm`."""
-    from .compiler import compile_qgemm, plan_qgemm
     config = check_config(config)
-    quant_mode, out_zero_point, act_min, act_max, a_zero_point = _check_qgemm(
+    quant_mode, out_zero_point, act_min, act_max, a_zero_point = check_qgemm_operands(
         A, B, bias, multiplier, shift, scale, out_zero_point, act_min, act_max, a_zero_point)
     m, k = A.shape
     n = B.shape[1]
@@ -603,7 +427,7 @@ def prepare_qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_ze
         config, m, k, n, a_addr=layout.addr("a"), b_addr=layout.addr("b"),
         bias_addr=layout.addr("bias"), quant_addr=layout.addr("quant"),
         y_addr=layout.addr("y"), out_zero_point=out_zero_point, act_min=act_min,
-        act_max=act_max, schedule=schedule, quant_mode=quant_mode)
+        act_max=act_max, quant_mode=quant_mode, plan=plan)
 
     dram = np.zeros(layout.size, dtype=np.uint8)
     dram[layout.program_addr:layout.program_addr + layout.program_bytes] = \

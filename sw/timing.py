@@ -446,13 +446,14 @@ def predict_gemm(config, m, k, n, *, schedule="auto", read_latency=READ_LATENCY,
     ``config`` (:func:`sw.driver.gemm`): the same plan, DRAM layout and instructions, and
     the same DRAM latencies as :func:`predict` takes."""
     from .compiler import compile_gemm, plan_gemm
-    from .driver import check_config, layout_dram
+    from .driver import layout_dram
+    from .operands import check_config
 
     config = check_config(config)
     plan = plan_gemm(config, m, k, n, schedule=schedule)
     layout = layout_dram(m, k, n, plan.instructions)
     program = compile_gemm(config, m, k, n, a_addr=layout.a_addr, b_addr=layout.b_addr,
-                           c_addr=layout.c_addr, schedule=schedule, a_stride=layout.a_stride,
-                           b_stride=layout.b_stride)
+                           c_addr=layout.c_addr, a_stride=layout.a_stride,
+                           b_stride=layout.b_stride, plan=plan)
     return predict(config, program.words, layout.program_addr, read_latency=read_latency,
                    write_response_latency=write_response_latency)

@@ -102,7 +102,7 @@ def longest_instruction_bound(config, wait=WAIT):
 
 
 def gemm_cycles_estimate(plan, bus_bytes):
-    """Roughly the cycles a GEMM of ``plan`` (:class:`sw.compiler.GemmPlan`) takes on the
+    """Roughly the cycles a GEMM of ``plan`` (:class:`sw.compiler.Plan`) takes on the
     bench without back-pressure, for budgeting simulation time (within 1.5x either way)."""
     activation_rows = plan.m * plan.k_tiles * (1 if plan.schedule == "resident"
                                                else plan.n_tiles)

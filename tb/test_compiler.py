@@ -8,7 +8,7 @@ import pytest
 from hw.config import NPUConfig
 from hw.isa import Opcode
 from sw import codec
-from sw.compiler import GemmPlan, Program, compile_gemm, plan_gemm
+from sw.compiler import Plan, Program, compile_gemm, plan_gemm
 from sw.errors import NPUTypeError, NPUValueError, PlanError
 from sw.model import ModelNPU
 
@@ -79,7 +79,7 @@ def test_plan_matches_emitted_program():
         config = NPUConfig.from_name(config_name)
         planned = plan_gemm(config, m, k, n, schedule=schedule)
         program = compile_at(config, m, k, n, schedule)
-        assert isinstance(program, Program) and isinstance(program.plan, GemmPlan)
+        assert isinstance(program, Program) and isinstance(program.plan, Plan)
         assert program.plan == planned
         assert planned.instructions == len(program) == len(program.words)
         assert len(program.bytes) == 16 * len(program)
@@ -327,7 +327,7 @@ def golden_programs(config):
     convolutions of both lowerings, with fixed addresses."""
     from hw.isa import QuantMode
     from sw.compiler import compile_qgemm
-    from sw.conv import Conv2dGeometry, compile_conv2d
+    from sw.compiler import Conv2dGeometry, compile_conv2d
     quant_addresses = dict(bias_addr=0x50000, quant_addr=0x60000, y_addr=0x70000)
     families = {"gemm": [], "qgemm": [], "conv": [], "depthwise": []}
     for schedule in ("auto", "overlap", "resident", "streaming"):
@@ -378,3 +378,31 @@ def test_programs_are_unchanged(config_name):
     families = golden_programs(NPUConfig.from_name(config_name))
     assert {family: digest(programs) for family, programs in families.items()} == \
         GOLDEN[config_name]
+
+
+def test_compile_reuses_a_given_plan():
+    """``compile_*(plan=...)`` emits the program of that plan without planning again, and
+    refuses a plan made for another layer or schedule."""
+    from unittest import mock
+    from sw.compiler import compile_qgemm, gemm, plan_qgemm, quantized
+    config = NPUConfig.from_name("4x4")
+    plan = plan_gemm(config, 20, 9, 7, schedule="streaming")
+    with mock.patch.object(gemm, "plan_gemm", side_effect=AssertionError("planned twice")):
+        program = compile_gemm(config, 20, 9, 7, a_addr=A_ADDR, b_addr=B_ADDR, c_addr=C_ADDR,
+                               plan=plan)
+    assert program.plan == plan
+    assert program.words == compile_at(config, 20, 9, 7, schedule="streaming").words
+    qplan = plan_qgemm(config, 20, 9, 7)
+    quant_operands = dict(a_addr=A_ADDR, b_addr=B_ADDR, bias_addr=C_ADDR, quant_addr=C_ADDR + 64,
+                          y_addr=C_ADDR + 128, out_zero_point=0, act_min=-128, act_max=127)
+    with mock.patch.object(quantized, "plan_quantized",
+                           side_effect=AssertionError("planned twice")):
+        program = compile_qgemm(config, 20, 9, 7, **quant_operands, plan=qplan)
+    assert program.plan == qplan
+    with pytest.raises(NPUValueError, match=r"plan was made for .* not \('4x4', 20, 9, 8, 1\)"):
+        compile_gemm(config, 20, 9, 8, a_addr=A_ADDR, b_addr=B_ADDR, c_addr=C_ADDR, plan=plan)
+    with pytest.raises(NPUValueError, match="streaming schedule, but schedule 'resident'"):
+        compile_gemm(config, 20, 9, 7, a_addr=A_ADDR, b_addr=B_ADDR, c_addr=C_ADDR,
+                     schedule="resident", plan=plan)
+    with pytest.raises(NPUTypeError, match="plan must be a Plan"):
+        compile_qgemm(config, 20, 9, 7, **quant_operands, plan="resident")

@@ -7,9 +7,10 @@ from hw.config import MAX_K, NPUConfig
 from hw.isa import Opcode, QuantMode
 from quant_cases import random_conv_problem, random_int8, random_requantization
 from sw import codec
-from sw.compiler import SCHEDULES
-from sw.conv import (LOWERINGS, Conv2dGeometry, compile_conv2d, conv2d, conv2d_batch,
-                     padded_input, plan_conv2d, prepare_conv2d, reference_conv2d)
+from sw.compiler import (LOWERINGS, SCHEDULES, Conv2dGeometry, compile_conv2d,
+                         compile_depthwise_conv2d, depthwise_weights, plan_conv2d,
+                         plan_depthwise_conv2d)
+from sw.conv import conv2d, conv2d_batch, padded_input, prepare_conv2d, reference_conv2d
 from sw.driver import POISON, QuantResult, fold_zero_point, qgemm
 from sw.errors import NPUTypeError, NPUValueError, PlanError
 from sw.model import ModelNPU
@@ -564,3 +565,35 @@ def test_all_zero_weight_tiles_are_skipped(lowering):
     if lowering == "taps":
         # Per tap, only the k-tile on the diagonal of each n-tile: 3 of 9 tiles.
         assert result.plan.weight_loads * 3 == dense.weight_loads
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+def test_depthwise_entry_point_is_the_block_diagonal_convolution(lowering):
+    """plan/compile_depthwise_conv2d build the block-diagonal HWIO weights themselves: the
+    program is word for word that of compile_conv2d given those weights."""
+    seed = SEED + 950
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    channels = 12
+    weights = rng.integers(-128, 128, (3, 3, channels), dtype=np.int8)
+    block_diagonal = depthwise_weights(weights)
+    assert block_diagonal.shape == (3, 3, channels, channels)
+    for c in range(channels):
+        assert np.array_equal(block_diagonal[:, :, c, c], weights[:, :, c])
+    assert not np.any(block_diagonal * (1 - np.eye(channels, dtype=np.int8)))
+    config = NPUConfig.from_name("4x4")
+    geometry = Conv2dGeometry(batch=1, height=6, width=5, in_channels=channels,
+                              out_channels=channels, kernel_height=3, kernel_width=3,
+                              padding=1)
+    operands = dict(x_addr=0x1000, w_addr=0x40000, bias_addr=0x50000, quant_addr=0x60000,
+                    y_addr=0x70000, out_zero_point=0, act_min=-128, act_max=127,
+                    lowering=lowering)
+    plan = plan_depthwise_conv2d(config, geometry, weights, lowering=lowering)
+    assert plan == plan_conv2d(config, geometry, lowering=lowering, weights=block_diagonal)
+    depthwise = compile_depthwise_conv2d(config, geometry, weights, plan=plan, **operands)
+    dense = compile_conv2d(config, geometry, weights=block_diagonal, **operands)
+    assert depthwise.words == dense.words and depthwise.plan == dense.plan == plan
+    with pytest.raises(NPUValueError, match="in_channels == out_channels"):
+        plan_depthwise_conv2d(config, geometry, weights[:, :, :5])
+    with pytest.raises(NPUTypeError, match="depthwise weights"):
+        plan_depthwise_conv2d(config, geometry, weights.astype(np.int16))

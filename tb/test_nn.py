@@ -12,7 +12,7 @@ import pytest
 
 from hw.config import MAX_K, NPUConfig
 from sw import backend, codec
-from sw.conv import Conv2dGeometry, plan_conv2d
+from sw.compiler import Conv2dGeometry, plan_conv2d
 from sw.errors import NPUTypeError, NPUValueError
 from sw.nn.demo import DemoMismatch, run_demo
 from sw.nn.graph import (Argmax, BatchNorm, Conv2D, Dense, Flatten, MaxPool2D, Network, ReLU,

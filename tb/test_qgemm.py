@@ -9,7 +9,7 @@ from hw.isa import ErrorCode, Opcode, QuantMode
 from quant_cases import random_conv_problem, random_int8, random_qgemm_problem
 from sim.result import RunResult
 from sw import backend, codec
-from sw.compiler import QuantPlan, QuantProgram, compile_qgemm, plan_qgemm
+from sw.compiler import Plan, Program, compile_qgemm, plan_qgemm
 from sw.driver import (POISON, PROGRAM_ADDR, REGION_ALIGN, DRAM_GRANULE, QuantResult,
                        fold_zero_point, prepare_gemm, prepare_qgemm, qgemm, qgemm_batch,
                        reference_gemm, reference_qgemm, run_jobs, wrap_int32)
@@ -231,7 +231,7 @@ def test_streaming_program_shape():
     config = NPUConfig.from_name("4x4")
     m, k, n = 6, 10, 9                                 # 3 k-tiles x 3 n-tiles
     program = compile_at(config, m, k, n, schedule="streaming")
-    assert isinstance(program, QuantProgram) and isinstance(program.plan, QuantPlan)
+    assert isinstance(program, Program) and isinstance(program.plan, Plan)
     ops = [op for op, _ in decoded(program)]
     per_k_tile = [Opcode.LOAD_SPAD, Opcode.PRELOAD, Opcode.LOAD_SPAD, Opcode.MATMUL]
     per_n_tile = [Opcode.LOAD_ACC] + per_k_tile * 3 + [Opcode.LOAD_QUANT, Opcode.STORE_Q]

@@ -1,10 +1,10 @@
 """Lowering a quantized network onto the NPU: activation buffers, DRAM images, programs.
 
 The NPU operators of a network form a chain (convolutions and dense layers, with only
-free flatten views between them). Each is compiled to a :class:`~sw.compiler.QuantProgram`:
+free flatten views between them). Each is compiled to a :class:`~sw.compiler.Program`:
 
-* a convolution by :func:`sw.conv.compile_conv2d` (lowering ``"taps"``: one weight matrix
-  per kernel tap, or ``"kernel_rows"``: one per kernel row; :data:`sw.conv.LOWERINGS`). It
+* a convolution by :func:`sw.compiler.compile_conv2d` (lowering ``"taps"``: one weight matrix
+  per kernel tap, or ``"kernel_rows"``: one per kernel row; :data:`sw.compiler.LOWERINGS`). It
   reads a pre-padded NHWC buffer whose border holds its input zero point
   (real 0), and writes its requantized INT8 output (``STORE_Q``) into the interior of its
   consumer's buffer: padded when the consumer is a padded convolution, plain NHWC otherwise;
@@ -35,8 +35,8 @@ import numpy as np
 
 from hw.isa import INSTR_BYTES, Opcode, QuantMode
 from .. import codec
-from ..compiler import compile_qgemm, plan_qgemm
-from ..conv import LOWERINGS, Conv2dGeometry, check_lowering, compile_conv2d, plan_conv2d
+from ..compiler import (LOWERINGS, Conv2dGeometry, check_lowering, compile_conv2d,
+                        compile_qgemm, plan_conv2d, plan_qgemm)
 from ..driver import DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN
 from ..errors import NPUValueError
 from .memory import TensorLife, plan_buffers
@@ -204,7 +204,7 @@ def _conv_geometry(op, source, target):
 
 
 def _plan_op(config, op, source, target, lowering):
-    """The :class:`~sw.compiler.QuantPlan` of one operator (no addresses needed)."""
+    """The :class:`~sw.compiler.Plan` of one operator (no addresses needed)."""
     if op.kind == "conv2d":
         return plan_conv2d(config, _conv_geometry(op, source, target), lowering=lowering,
                            weights=op.weight)
@@ -217,11 +217,12 @@ def _check_dense_buffers(op, source, target):
         raise NPUValueError(f"{op.name}: a dense layer needs plain (unpadded) buffers")
 
 
-def _compile_op(config, op, source, target, addresses, act_min, act_max, lowering):
-    """Compile one operator; ``addresses`` has ``x, w, bias, quant, y``."""
+def _compile_op(config, op, source, target, addresses, act_min, act_max, lowering, plan):
+    """Compile one operator with its plan (:func:`_plan_op`); ``addresses`` has ``x, w,
+    bias, quant, y``."""
     common = dict(bias_addr=addresses["bias"], quant_addr=addresses["quant"],
                   y_addr=addresses["y"], out_zero_point=op.output.zero_point,
-                  act_min=act_min, act_max=act_max,
+                  act_min=act_min, act_max=act_max, plan=plan,
                   quant_mode=QuantMode.FIXED if op.scale is None else QuantMode.FLOAT)
     if op.kind == "conv2d":
         return compile_conv2d(config, _conv_geometry(op, source, target),
@@ -280,7 +281,7 @@ class NetworkImage:
     buffers : dict
         ``{name: ActivationBuffer}``.
     plans : dict
-        ``{operator name: sw.compiler.QuantPlan}``.
+        ``{operator name: sw.compiler.Plan}``.
     output : str
         Name of the buffer that holds the result.
     buffer_plan : sw.nn.memory.BufferPlan or None
@@ -315,9 +316,9 @@ def _image(config, ops, buffers, arena_offsets, arena_bytes, input_q, act_overri
     """Lay out program, constants and arena; compile; fill the DRAM image."""
     check_lowering(lowering)
     sources = ["input"] + [op.name for op in ops[:-1]]
-    instructions = 1 + sum(
-        _plan_op(config, op, buffers[source], buffers[op.name], lowering).instructions - 1
-        for op, source in zip(ops, sources))
+    op_plans = [_plan_op(config, op, buffers[source], buffers[op.name], lowering)
+                for op, source in zip(ops, sources)]
+    instructions = 1 + sum(plan.instructions - 1 for plan in op_plans)
     position = _align(PROGRAM_ADDR + INSTR_BYTES * instructions, REGION_ALIGN)
     regions, constants = {}, []
     for op in ops:
@@ -332,13 +333,13 @@ def _image(config, ops, buffers, arena_offsets, arena_bytes, input_q, act_overri
 
     # Layers chain by concatenating the bodies of their programs, then one END.
     words, plans = [], {}
-    for op, source in zip(ops, sources):
+    for op, source, plan in zip(ops, sources, op_plans):
         act_min, act_max = act_overrides.get(op.name, (op.act_min, op.act_max))
         addresses = {"x": regions[source][0], "w": regions[f"{op.name}.weight"][0],
                      "bias": regions[f"{op.name}.bias"][0],
                      "quant": regions[f"{op.name}.quant"][0], "y": regions[op.name][0]}
         program = _compile_op(config, op, buffers[source], buffers[op.name], addresses,
-                              act_min, act_max, lowering)
+                              act_min, act_max, lowering, plan)
         words.extend(program.body)
         plans[op.name] = program.plan
     words.append(codec.encode(Opcode.END))

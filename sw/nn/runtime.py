@@ -75,7 +75,7 @@ class StageResult:
         ``{operator name: {"read", "written", "program"}}``: bytes the operator's DMA
         instructions move and bytes of its instructions, over all batches.
     plans : dict
-        ``{operator name: sw.compiler.QuantPlan}`` of the first batch.
+        ``{operator name: sw.compiler.Plan}`` of the first batch.
     buffer_plan : sw.nn.memory.BufferPlan or None
         The activation arena of the first batch's fused program.
     """
