@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.config import MAX_K
-from ..errors import NPUValueError
+from ..compiler import depthwise_weights
 from ..nn.passes import hwc_order_of_chw
 from ..nn.quantize import QConv2D, QDense, QParams
 from . import kernels as K
@@ -314,9 +314,9 @@ def lower_node(graph, node, shapes):
         _, channels, height, width = shapes[node.inputs[0]]
         _, out_channels, out_h, out_w = shapes[node.outputs[0]]
         if int(node.attrs.get("group", 1)) != 1:
-            hwio = np.zeros(w.shape[2:] + (channels, out_channels), np.int8)
-            for channel in range(channels):
-                hwio[:, :, channel, channel] = w[channel, 0]
+            # (C, 1, KH, KW) -> KH x KW x C, then the block-diagonal HWIO.
+            hwio = depthwise_weights(np.ascontiguousarray(w[:, 0].transpose(1, 2, 0))
+                                     .astype(np.int8))
         else:
             hwio = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).astype(np.int8)
         scale = K.requant_scale(x_scale, w_scale, y_scale)
