@@ -132,7 +132,7 @@ def _backend_case(name):
 @pytest.mark.parametrize("name", BACKEND_CASES)
 def test_onnx_backend_cases(name, tmp_path):
     """ONNX's own node test cases with every input but the first made a constant; the result
-    equals onnxruntime's and the case's expected output."""
+    equals the case's expected output, and onnxruntime's wherever onnxruntime runs the case."""
     case = _backend_case(name)
     inputs, outputs = case.data_sets[0]
     graph = case.model.graph
@@ -145,13 +145,15 @@ def test_onnx_backend_cases(name, tmp_path):
     new_model.ir_version = case.model.ir_version
     path = str(tmp_path / f"{name}.onnx")
     onnx.save(new_model, path)
-    try:
-        expected = run_ort(new_model, {first: inputs[0]})[0]
-    except Exception as error:           # only where onnxruntime itself runs the case
-        pytest.skip(f"onnxruntime does not run {name}: {str(error).splitlines()[0]}")
-    np.testing.assert_array_equal(expected, outputs[0])
     got = run_model(import_model(path), inputs[0], config=CONFIG, sim="model").outputs
-    np.testing.assert_array_equal(next(iter(got.values())), expected)
+    np.testing.assert_array_equal(next(iter(got.values())), outputs[0])
+    if name == "test_convinteger_with_padding":
+        # onnxruntime refuses this case's per-channel weight zero points; the case's own
+        # expected output (above) is the reference then.
+        with pytest.raises(Exception, match="Non per-tensor quantization is not supported"):
+            run_ort(new_model, {first: inputs[0]})
+        return
+    np.testing.assert_array_equal(run_ort(new_model, {first: inputs[0]})[0], outputs[0])
 
 
 def test_cli_check_json_and_plan(quantized, tmp_path, capsys):

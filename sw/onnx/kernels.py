@@ -196,14 +196,20 @@ def _check_zero_points(name, zero_point, what):
     return int(zero_point.reshape(-1)[0]) if zero_point.size else 0
 
 
+def _zero_point_free_weights(w, w_zp):
+    """``w - w_zp`` as int32, the zero point per tensor or per output channel."""
+    w = np.asarray(w, np.int32)
+    w_zp = np.asarray(w_zp if w_zp is not None else 0, np.int32).reshape(-1)
+    return w - (w_zp.reshape(-1, 1, 1, 1) if w_zp.size > 1 else int(w_zp[0]) if w_zp.size else 0)
+
+
 def qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None, attrs=None,
                  name="QLinearConv"):
     """ONNX ``QLinearConv``: the INT32 convolution of the zero-point-free operands, plus
     the bias, requantized per output channel."""
     attrs = attrs or {}
     xz = _check_zero_points(name, x_zp, "input")
-    wz = _check_zero_points(name, w_zp, "weight")
-    acc = conv_int32(np.asarray(x, np.int32) - xz, np.asarray(w, np.int32) - wz,
+    acc = conv_int32(np.asarray(x, np.int32) - xz, _zero_point_free_weights(w, w_zp),
                      **_conv_attributes(attrs))
     if bias is not None:
         acc = _wrap_int32(acc.astype(np.int64) + np.asarray(bias, np.int64).reshape(1, -1, 1, 1))
@@ -214,8 +220,7 @@ def qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None, a
 def conv_integer(x, w, x_zp=0, w_zp=0, attrs=None, name="ConvInteger"):
     """ONNX ``ConvInteger``: the INT32 convolution of ``x - x_zp`` and ``w - w_zp``."""
     xz = _check_zero_points(name, x_zp, "input")
-    wz = _check_zero_points(name, w_zp, "weight")
-    return conv_int32(np.asarray(x, np.int32) - xz, np.asarray(w, np.int32) - wz,
+    return conv_int32(np.asarray(x, np.int32) - xz, _zero_point_free_weights(w, w_zp),
                       **_conv_attributes(attrs or {}))
 
 
