@@ -69,17 +69,19 @@ def test_model_equals_onnxruntime(quantized, name, fmt, act, sim):
 
 @pytest.mark.parametrize("fmt,act", [("qdq", "uint8"), ("qoperator", "int8"),
                                      ("qoperator", "uint8")])
-def test_concat_pool_softmax_cpu_equals_onnxruntime(quantized, fmt, act):
+@pytest.mark.parametrize("sim", ["cpu", "model"])
+def test_concat_pool_softmax_equals_onnxruntime(quantized, fmt, act, sim):
     """Two convolutions concatenated, AveragePool, Gemm, Softmax: onnxruntime runs them as
     QLinearConcat (one input copied, one through a table), QLinearAveragePool and
-    QLinearSoftmax, and the host's kernels equal it on every sample."""
+    QLinearSoftmax, and the host's kernels (with the convolutions and the Gemm on the NPU's
+    model, or on the host) equal it on every sample."""
     path, shape = quantized("concat_pool_softmax", fmt, act)
     graph = import_model(path)
     ops = {node.op_type for node in graph.nodes}
     assert {"QLinearConcat", "QLinearAveragePool", "QLinearSoftmax"} <= ops
     x = models.calibration_data(shape, samples=64, seed=11)
     expected = _onnxruntime(path, x)
-    run = run_model(graph, x, config=CONFIG, sim="cpu")
+    run = run_model(graph, x, config=CONFIG, sim=sim)
     got = run.outputs["y"]
     assert got.dtype == expected.dtype and got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
@@ -273,11 +275,14 @@ def test_digits_cnn_whole_test_set(digits, fmt):
 
 @pytest.mark.rtl
 @pytest.mark.parametrize("sim", ["verilator", "icarus"])
-def test_models_on_the_rtl(quantized, sim):
+def test_models_on_the_rtl(quantized, digits, sim):
     """A batch of each test model through the generated Verilog: equal to onnxruntime."""
     config = NPUConfig.from_name("4x4")
+    paths, x_test, _ = digits
+    run = run_model(import_model(paths["qdq"]), x_test[:4], config=config, sim=sim)
+    np.testing.assert_array_equal(run.outputs["y"], _onnxruntime(paths["qdq"], x_test[:4]))
     for name, fmt, act in [("mobilenet", "qdq", "uint8"), ("residual", "qoperator", "int8"),
-                           ("mlp", "qdq", "int8")]:
+                           ("mlp", "qdq", "int8"), ("concat_pool_softmax", "qoperator", "uint8")]:
         path, shape = quantized(name, fmt, act)
         x = models.calibration_data(shape, samples=3, seed=17)
         run = run_model(import_model(path), x, config=config, sim=sim)
