@@ -2,23 +2,33 @@
 
 from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
-from amaranth.lib.memory import Memory, ReadPort
+from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from .bram import READ_LATENCY, RegisteredMemory
 
-__all__ = ["AccumulatorMemory", "AccumulatorSignature", "AccumulatorWriteSignature"]
+
+__all__ = ["AccumulatorMemory", "AccumulatorSignature", "AccumulatorWriteSignature",
+           "WRITE_LATENCY"]
+
+
+#: Cycles from a write's acceptance to the edge that writes its row: the old row's read
+#: (:data:`hw.bram.READ_LATENCY`), then the add into a register that the block RAM writes.
+WRITE_LATENCY = READ_LATENCY + 1
 
 
 def AccumulatorWriteSignature(depth, cols):
     """The accumulator's write port, as the memory sees it: a row that overwrites or adds
-    to row ``addr``; ``busy`` while a write is in its second cycle."""
+    to row ``addr``. ``busy`` while an accepted write has not reached the block RAM;
+    ``unseen`` while one would not be seen by a read that starts in the next cycle."""
     return wiring.Signature({
         "addr":       In(ceil_log2(depth)),
         "en":         In(1),
         "accumulate": In(1),
         "data":       In(data.ArrayLayout(signed(32), cols)),
         "busy":       Out(1),
+        "unseen":     Out(1),
     })
 
 
@@ -35,19 +45,25 @@ def AccumulatorSignature(depth, cols):
 class AccumulatorMemory(wiring.Component):
     """``depth`` rows of ``cols`` INT32 lanes; each write overwrites or accumulates.
 
-    A write accepted in cycle ``t`` reads the old row in cycle ``t`` and writes
-    ``new`` (``accumulate = 0``) or ``old + new`` (``accumulate = 1``, lane-wise, wrapping) in
-    cycle ``t + 1``. The read-modify-write read port is transparent to the write port, so
-    back-to-back accumulations into the same row see each other. A K that exceeds R is thus
-    reduced on chip, one K-tile after another.
+    A write accepted in cycle ``t`` reads the old row in cycle ``t`` (on a
+    :class:`~hw.bram.RegisteredMemory`, so the row is there in ``t + 2``), adds it to the new
+    row in ``t + 2`` (``accumulate = 1``, lane-wise, wrapping; ``accumulate = 0``
+    overwrites) into a register, and writes that register to the block RAM in ``t + 3``
+    (:data:`WRITE_LATENCY`). The three writes before it, whose rows its read may have
+    missed, are forwarded: back-to-back accumulations into one row see each other. A K that
+    exceeds R is thus reduced on chip, one K-tile after another.
+
+    The forwarding selects are compared a cycle ahead, so the cycle of the add holds a
+    four-way mux and a 32-bit add after the block RAM's output register, nothing more.
 
     Attributes
     ----------
     write : AccumulatorWriteSignature
-        ``addr``, ``en``, ``accumulate``, ``data`` in; ``busy``: a write is still in its
-        second cycle.
+        ``addr``, ``en``, ``accumulate``, ``data`` in; ``busy``: a write has not reached
+        the block RAM; ``unseen``: a read started in the next cycle would miss one.
     read : ReadPort.Signature
-        ``data`` is row ``addr`` from the cycle before; it holds while ``en`` is low.
+        ``data`` is row ``addr`` from two cycles before; it holds while ``en`` is low.
+        Reads see the writes that reached the block RAM before them.
     """
     def __init__(self, *, depth, cols):
         self.depth = depth
@@ -57,32 +73,42 @@ class AccumulatorMemory(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         row = data.ArrayLayout(signed(32), self.cols)
-        m.submodules.memory = memory = Memory(shape=row, depth=self.depth, init=[])
-        write = memory.write_port()
-        old = memory.read_port(domain="sync", transparent_for=(write,))
-        read = memory.read_port(domain="sync")
+        m.submodules.memory = memory = RegisteredMemory(shape=row, depth=self.depth,
+                                                        read_ports=("old", "read"))
+        wiring.connect(m, wiring.flipped(self.read), memory.read)
+        assert READ_LATENCY == 2, "the forwarding below covers a two-cycle read"
 
-        # Stage 0: read the old row. Stage 1: write new or old + new.
-        pending = Signal()
-        pending_addr = Signal.like(self.write.addr)
-        pending_accumulate = Signal()
-        pending_data = Signal(row)
+        # s0: the write is accepted and its old row read. s1, s2: the read; in s2 the sum.
+        # S: the sum, written to the block RAM in this cycle. H1, H2: the two written before.
+        stage = data.StructLayout({"valid": 1, "addr": ceil_log2(self.depth), "accumulate": 1})
+        s1, s2, S, H1, H2 = (Signal(stage, name=n) for n in ("s1", "s2", "S", "H1", "H2"))
+        d1, d2, dS, dH1, dH2 = (Signal(row, name=f"{n}_data")
+                                for n in ("s1", "s2", "S", "H1", "H2"))
+        m.d.comb += [memory.old.addr.eq(self.write.addr), memory.old.en.eq(self.write.en)]
         m.d.sync += [
-            pending.eq(self.write.en),
-            pending_addr.eq(self.write.addr),
-            pending_accumulate.eq(self.write.accumulate),
-            pending_data.eq(self.write.data),
+            s1.valid.eq(self.write.en), s1.addr.eq(self.write.addr),
+            s1.accumulate.eq(self.write.accumulate), d1.eq(self.write.data),
+            s2.eq(s1), d2.eq(d1),
+            H1.eq(S), dH1.eq(dS), H2.eq(H1), dH2.eq(dH1),
         ]
-        m.d.comb += [
-            old.addr.eq(self.write.addr),
-            old.en.eq(self.write.en),
-            write.addr.eq(pending_addr),
-            write.en.eq(pending),
-            self.write.busy.eq(pending),
+        # In s1, which of the rows that will be in S, H1 and H2 in s2 are this one's.
+        from_S, from_H1, from_H2 = Signal(), Signal(), Signal()
+        m.d.sync += [
+            from_S.eq(s2.valid & (s2.addr == s1.addr)),
+            from_H1.eq(S.valid & (S.addr == s1.addr)),
+            from_H2.eq(H1.valid & (H1.addr == s1.addr)),
         ]
+        base = Signal(row)
+        m.d.comb += base.eq(Mux(from_S, dS, Mux(from_H1, dH1, Mux(from_H2, dH2,
+                                                                     memory.old.data))))
+        m.d.sync += S.eq(s2)
         for lane in range(self.cols):
-            m.d.comb += write.data[lane].eq(
-                pending_data[lane] + Mux(pending_accumulate, old.data[lane], 0))
-
-        wiring.connect(m, wiring.flipped(self.read), read)
+            m.d.sync += dS[lane].eq(d2[lane] + Mux(s2.accumulate, base[lane], 0))
+        m.d.comb += [
+            memory.write.addr.eq(S.addr),
+            memory.write.data.eq(dS),
+            memory.write.en.eq(S.valid),
+            self.write.busy.eq(s1.valid | s2.valid | S.valid),
+            self.write.unseen.eq(s1.valid | s2.valid),
+        ]
         return m

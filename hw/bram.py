@@ -28,15 +28,18 @@ class RegisteredMemory(wiring.Component):
     Amaranth). Every form is the same two registers: anywhere but ECP5 an Amaranth
     :class:`~amaranth.lib.memory.Memory` with a register after its read port.
 
+    ``init``: the words' initial values (for tests; the NPU's memories start at zero).
+
     Attributes
     ----------
     write : WritePort.Signature
     <name> : ReadPort.Signature
         One per name in ``read_ports``; ``en`` is 1 when left undriven.
     """
-    def __init__(self, *, shape, depth, read_ports):
+    def __init__(self, *, shape, depth, read_ports, init=()):
         self.shape = shape
         self.depth = depth
+        self.init = tuple(init)
         self.read_ports = tuple(read_ports)
         ports = dict(addr_width=ceil_log2(depth), shape=shape)
         members = {"write": Out(WritePort.Signature(**ports))}
@@ -48,7 +51,8 @@ class RegisteredMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.memory = memory = Memory(shape=self.shape, depth=self.depth, init=[])
+        m.submodules.memory = memory = Memory(shape=self.shape, depth=self.depth,
+                                                   init=self.init)
         wiring.connect(m, wiring.flipped(self.write), memory.write_port())
         for name in self.read_ports:
             port = getattr(self, name)

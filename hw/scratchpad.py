@@ -2,9 +2,11 @@
 
 from amaranth.hdl import Module
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory, ReadPort, WritePort
+from amaranth.lib.memory import ReadPort, WritePort
 from amaranth.lib.wiring import Out
 from amaranth.utils import ceil_log2
+
+from .bram import RegisteredMemory
 
 
 __all__ = ["Scratchpad", "ScratchpadSignature"]
@@ -25,13 +27,14 @@ class Scratchpad(wiring.Component):
     """Explicitly addressed SRAM of ``depth`` rows of ``row_bytes`` INT8 values.
 
     There are no tags and no replacement policy (seeds section 2): instructions name rows.
-    Two synchronous read ports (data in the cycle after ``en``) and one write port:
-    activations stream out of the first while the next weight tile leaves through the second.
+    Two registered read ports (:class:`~hw.bram.RegisteredMemory`: data two cycles after
+    ``en``) and one write port: activations stream out of the first while the next weight
+    tile leaves through the second.
 
     Attributes
     ----------
     act : ReadPort.Signature
-        The activation read port: ``data`` is row ``addr`` from the cycle before; it holds
+        The activation read port: ``data`` is row ``addr`` from two cycles before; it holds
         while ``en`` is low.
     weight : ReadPort.Signature
         The weight read port, as ``act``.
@@ -44,8 +47,8 @@ class Scratchpad(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.memory = memory = Memory(shape=8 * self.row_bytes, depth=self.depth, init=[])
-        wiring.connect(m, wiring.flipped(self.write), memory.write_port())
-        wiring.connect(m, wiring.flipped(self.act), memory.read_port(domain="sync"))
-        wiring.connect(m, wiring.flipped(self.weight), memory.read_port(domain="sync"))
+        m.submodules.memory = memory = RegisteredMemory(
+            shape=8 * self.row_bytes, depth=self.depth, read_ports=("act", "weight"))
+        for name in ("write", "act", "weight"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(memory, name))
         return m

@@ -29,6 +29,8 @@ Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``,
 from collections import deque
 from dataclasses import dataclass
 
+from hw.accumulator import WRITE_LATENCY
+from hw.bram import READ_LATENCY as SRAM_READ_LATENCY
 from hw.config import FETCH_BURST, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from hw.dma import MAX_READS_OUTSTANDING
 from hw.isa import INSTR_BYTES, Opcode
@@ -186,7 +188,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
     results = deque()                        # cycles in which a result row leaves the array
     wb_slots = deque()                       # (acc_addr, rows) of MATMULs still writing
     out_count = 0
-    acc_busy = False                         # the accumulator's read-modify-write
+    acc_writes = [False] * WRITE_LATENCY     # results accepted in the cycles before, newest first
     # Store unit (IDLE, COMMAND, READ, ROW, WAIT) and DMA writer (IDLE, ROW, ADDRESS,
     # DATA, RESPONSES) with its one-row buffer.
     sd_state = "IDLE"
@@ -242,11 +244,12 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
                 blocked_load = ld_busy
                 blocked_store = sd_busy
                 blocked_array = any(
-                    _overlap(fields["acc_addr"], fields["rows"], a, r) for a, r in wb_slots)
+                    _overlap(fields["acc_addr"], fields["rows"], a, r) for a, r in wb_slots
+                ) or any(acc_writes[:WRITE_LATENCY - 1])      # a write its read would miss
             else:                            # END
                 blocked_load = ld_busy or reader_busy
                 blocked_store = sd_busy
-                blocked_array = wl_busy or st_busy or bool(wb_slots) or acc_busy
+                blocked_array = wl_busy or st_busy or bool(wb_slots) or any(acc_writes)
             if blocked_load:
                 stall_load += 1
             elif blocked_store:
@@ -323,7 +326,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
 
         # Streamer.
         if st_busy:
-            results.append(t + 1 + latency)
+            results.append(t + SRAM_READ_LATENCY + latency)
             array_rows += 1
             useful_macs += st_macs
             if st_count == st_rows - 1:
@@ -331,7 +334,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             st_count += 1
 
         # Results into the accumulator, oldest MATMUL first.
-        acc_busy = result_valid
+        acc_writes = [result_valid] + acc_writes[:-1]
         if result_valid:
             results.popleft()
             if out_count == wb_slots[0][1] - 1:

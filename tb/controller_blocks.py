@@ -8,8 +8,8 @@ matters.
 """
 
 from amaranth.hdl import Elaboratable, Module
-from amaranth.lib.memory import Memory
 
+from hw.bram import RegisteredMemory
 from hw.config import NPUConfig
 from hw.isa import INSTR_BYTES, Instruction, Opcode, decode
 
@@ -96,9 +96,9 @@ def command_of(ctx, cmd):
 
 
 class WithReadMemory(Elaboratable):
-    """``dut`` with an :class:`amaranth.lib.memory.Memory` (``depth`` rows of ``shape``,
-    ``init``) on its read port ``port``: the port's one-cycle latency, and the data held
-    while ``en`` is low, as the real scratchpad and accumulator give them."""
+    """``dut`` with a :class:`hw.bram.RegisteredMemory` (``depth`` rows of ``shape``,
+    ``init``) on its read port ``port``: the two cycles of latency, and the data held while
+    ``en`` is low, as the real scratchpad and accumulator give them."""
     def __init__(self, dut, port, *, shape, depth, init):
         self.dut, self.port = dut, port
         self.shape, self.depth, self.init = shape, depth, init
@@ -106,9 +106,8 @@ class WithReadMemory(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         m.submodules.dut = self.dut
-        m.submodules.memory = memory = Memory(shape=self.shape, depth=self.depth,
-                                              init=self.init)
-        read = memory.read_port()
-        m.d.comb += [read.addr.eq(self.port.addr), read.en.eq(self.port.en),
-                     self.port.data.eq(read.data)]
+        m.submodules.memory = memory = RegisteredMemory(
+            shape=self.shape, depth=self.depth, init=self.init, read_ports=("read",))
+        m.d.comb += [memory.write.en.eq(0), memory.read.addr.eq(self.port.addr),
+                     memory.read.en.eq(self.port.en), self.port.data.eq(memory.read.data)]
         return m

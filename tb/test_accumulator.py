@@ -3,7 +3,8 @@ wrap-around and back-to-back read-modify-writes of one row."""
 
 import numpy as np
 
-from hw.accumulator import AccumulatorMemory
+from hw.accumulator import WRITE_LATENCY, AccumulatorMemory
+from hw.bram import READ_LATENCY
 from sim.amaranth_sim import run_simulation, wrap32
 
 
@@ -16,7 +17,7 @@ def _run_writes(dut, writes, *, check_busy=True):
     rows = []
 
     async def testbench(ctx):
-        previous_write = False
+        history = [False] * WRITE_LATENCY        # writes of the cycles before, newest first
         for write in writes:
             if write is None:
                 ctx.set(dut.write.en, 0)
@@ -27,18 +28,22 @@ def _run_writes(dut, writes, *, check_busy=True):
                 ctx.set(dut.write.data, [int(v) for v in row])
                 ctx.set(dut.write.en, 1)
             if check_busy:
-                # busy: a write is in its second cycle.
-                assert ctx.get(dut.write.busy) == previous_write
-            previous_write = write is not None
+                # busy: a write of the last WRITE_LATENCY cycles has not reached the block
+                # RAM; unseen: one of the last two would be missed by a read next cycle.
+                assert ctx.get(dut.write.busy) == any(history)
+                assert ctx.get(dut.write.unseen) == any(history[:READ_LATENCY])
+            history = [write is not None] + history[:-1]
             await ctx.tick()
         ctx.set(dut.write.en, 0)
-        await ctx.tick()
+        for _ in range(WRITE_LATENCY):
+            await ctx.tick()
         assert ctx.get(dut.write.busy) == 0
         ctx.set(dut.read.en, 1)
-        for addr in range(dut.depth):
-            ctx.set(dut.read.addr, addr)
+        for addr in range(dut.depth + READ_LATENCY):
+            ctx.set(dut.read.addr, addr % dut.depth)
             await ctx.tick()
-            rows.append([ctx.get(dut.read.data[lane]) for lane in range(dut.cols)])
+            if addr >= READ_LATENCY - 1 and len(rows) < dut.depth:
+                rows.append([ctx.get(dut.read.data[lane]) for lane in range(dut.cols)])
 
     run_simulation(dut, testbench)
     return rows
@@ -85,8 +90,8 @@ def test_int32_wraparound():
 
 
 def test_back_to_back_accumulates_into_one_row():
-    """Writes in consecutive cycles to the same row see each other (the read-modify-write
-    read port is transparent to the write port): no update is lost."""
+    """Writes in consecutive cycles to the same row see each other (the writes still in
+    the pipeline are forwarded to the read-modify-write): no update is lost."""
     dut = AccumulatorMemory(depth=4, cols=2)
     writes = [
         (1, 0, [5, -5]),          # overwrite, then accumulate right behind it

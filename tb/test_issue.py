@@ -168,6 +168,11 @@ HAZARDS = [
     (store_q(2, 3, 3, 0x3000, 3), {"stream": WRITES({}, {"valid": 1, "acc": span(1, 2),
                                                           "rows": 2})}, "array"),
     (store_q(2, 3, 3, 0x3000, 3), {"stream": {"busy": 1, "drained": 0}}, None),
+    # An accumulator write in flight that the store's first read would miss, any row.
+    (STORE, {"stream": {"drained": 0, "unseen": 1}}, "array"),
+    (store_q(2, 3, 3, 0x3000, 3), {"stream": {"drained": 0, "unseen": 1}}, "array"),
+    (STORE, {"stream": {"drained": 0, "unseen": 0}}, None),
+    (MATMUL, {"stream": {"drained": 0, "unseen": 1}}, None),
 ]
 
 

@@ -81,12 +81,14 @@ def run_store(word, *, lo=0, hi=0, quant=None, cmd_ready_at=1, row_stall=(), don
 
 
 def test_store_rows():
-    """Command in cycle 1; each row READ then ROW (two cycles), a stalled ROW holds its row;
+    """Command in cycle 1; each row READ then ROW (two cycles), each read a cycle ahead (as
+    the command is taken, then as the row before is handed over: two cycles of read
+    latency), a stalled ROW holds its row;
     busy until the writer's ``done``; the status holds the instruction's rows and bytes."""
     lo, hi = 0x5000, 0x5000 + 2 * 20 + 12
     acc, trace = run_store(store(2, 3, 12, 0x5000, 20), lo=lo, hi=hi, row_stall=(5, 6))
     assert cycles_of(trace, "cmd") == {1: (0x5000, 3, 12, 20)}
-    assert cycles_of(trace, "read") == {2: 2, 4: 3, 8: 4}
+    assert cycles_of(trace, "read") == {1: 2, 3: 3, 7: 4}
     rows = {3: acc[2], 5: acc[3], 6: acc[3], 7: acc[3], 9: acc[4]}
     assert cycles_of(trace, "row") == {c: pack(row, 4) for c, row in rows.items()}
     assert [t["busy"] for t in trace[:13]] == [0] + [1] * 11 + [0]       # done in cycle 11
@@ -147,7 +149,7 @@ def test_store_q(state):
     latency = Requantizer.latency
     acc, trace = run_store(store_q(5, 3, 3, 0x200, 3), quant=state)
     per_row = latency + 2
-    assert cycles_of(trace, "read") == {2 + per_row * r: 5 + r for r in range(3)}
+    assert cycles_of(trace, "read") == {1 + per_row * r: 5 + r for r in range(3)}
     reference = state or quant_state([0] * C, [0] * C, 0, -128, 127)
     expected = {2 + per_row * r + latency + 1: pack(requantize_state(acc[5 + r], reference), 1)
                 for r in range(3)}

@@ -45,13 +45,14 @@ def act_row(ctx, dut):
 
 @pytest.mark.parametrize("pending", [0, 1])
 def test_stream_rows(pending):
-    """MATMUL at cycle 0: rows ``spad_addr ..`` read in cycles 1-4, on ``act`` in 2-5, the
-    first with ``commit`` when weights were pending; ``free`` again on the last row."""
+    """MATMUL at cycle 0: rows ``spad_addr ..`` read in cycles 1-4, on ``act`` in 3-6 (two
+    cycles of read latency), the first with ``commit`` when weights were pending; ``free``
+    again on the last row."""
     async def body(ctx, dut, spad, rng):
         ctx.set(dut.commit.pending, pending)
         offer(ctx, dut.issue.cmd, matmul(3, 2, 4, 1, k_width=1))
         trace = []
-        for cycle in range(8):
+        for cycle in range(9):
             status = ctx.get(dut.issue.status)
             trace.append((ctx.get(dut.commit.take), status.busy, status.free,
                            ctx.get(dut.spad.en) and ctx.get(dut.spad.addr), act_row(ctx, dut)))
@@ -62,9 +63,10 @@ def test_stream_rows(pending):
                 assert (status.spad.lo, status.spad.hi, status.macs) == (3, 3 + 4, 1 * C)
         lanes = [spad[a] & ((1 << 8 * R) - 1) for a in range(3, 7)]
         assert trace == [
-            (1, 0, 1, 0, None), (0, 1, 0, 3, None), (0, 1, 0, 4, (lanes[0], pending)),
-            (0, 1, 0, 5, (lanes[1], 0)), (0, 1, 1, 6, (lanes[2], 0)),
-            (0, 0, 1, 0, (lanes[3], 0)), (0, 0, 1, 0, None), (0, 0, 1, 0, None)]
+            (1, 0, 1, 0, None), (0, 1, 0, 3, None), (0, 1, 0, 4, None),
+            (0, 1, 0, 5, (lanes[0], pending)), (0, 1, 1, 6, (lanes[1], 0)),
+            (0, 0, 1, 0, (lanes[2], 0)), (0, 0, 1, 0, (lanes[3], 0)), (0, 0, 1, 0, None),
+            (0, 0, 1, 0, None)]
         assert ctx.get(dut.issue.status.drained) == 0        # its results are still to come
     simulate(body)
 
@@ -90,7 +92,7 @@ def test_random_against_model(seed):
     writeback slots and accumulator write match a model of two slots."""
     async def body(ctx, dut, spad, rng):
         reads = deque()           # (spad row, commit) still to read, the current one first
-        last_read = None
+        arriving = deque([None, None])  # the rows read in the last two cycles, oldest first
         slots = deque()           # [acc_addr, rows, accumulate, results written]
         macs = 0
         issued = 0
@@ -120,7 +122,9 @@ def test_random_against_model(seed):
             ctx.set(dut.load_acc.accumulate, load_write[1])
             ctx.set(dut.load_acc.data, load_write[2])
             acc_busy = int(rng.random() < 0.3)
+            acc_unseen = acc_busy & int(rng.random() < 0.5)
             ctx.set(dut.acc.busy, acc_busy)
+            ctx.set(dut.acc.unseen, acc_unseen)
 
             status = ctx.get(dut.issue.status)
             assert ctx.get(dut.commit.take) == issue, context
@@ -130,12 +134,14 @@ def test_random_against_model(seed):
             assert status.drained == (not reads and not slots and not acc_busy), context
             if reads:
                 assert ctx.get(dut.spad.addr) == reads[0][0] and status.macs == macs, context
-            assert act_row(ctx, dut) == last_read, context
+            assert act_row(ctx, dut) == arriving[0], context
             valid_slots = sorted((w.acc.lo, w.acc.hi, w.rows, w.accumulate)
                                  for w in status.writes if w.valid)
             assert valid_slots == sorted((s[0], s[0] + s[1], s[1], s[2]) for s in slots), \
                 context
             assert ctx.get(dut.load_acc.busy) == acc_busy, context
+            assert ctx.get(dut.load_acc.unseen) == acc_unseen, context
+            assert status.unseen == acc_unseen, context
             write = (ctx.get(dut.acc.en), ctx.get(dut.acc.addr), ctx.get(dut.acc.accumulate),
                      list(ctx.get(dut.acc.data)))
             if result:
@@ -150,10 +156,11 @@ def test_random_against_model(seed):
                 assert write[0] == 0, context
 
             await ctx.tick()
-            last_read = None
+            arriving.popleft()
+            arriving.append(None)
             if reads:
                 row, commit = reads.popleft()
-                last_read = (spad[row] & ((1 << 8 * R) - 1), commit)
+                arriving[-1] = (spad[row] & ((1 << 8 * R) - 1), commit)
             if issue:
                 issued += 1
                 f = decode(word)[1]

@@ -7,6 +7,7 @@ import pytest
 
 from controller_blocks import CONFIG, WithReadMemory, offer, unpack
 from error_cases import preload
+from hw.bram import READ_LATENCY
 from hw.config import NPUConfig
 from hw.controller.weight_loader import WeightLoader
 from sim.amaranth_sim import run_simulation
@@ -54,27 +55,27 @@ def weight_row(config, spad_row):
 
 
 def expected_tile(config, rows, spad_addr, first_read, cycles):
-    """Reads from ``first_read`` on, the last row first; each row on ``weight`` a cycle
-    after its read."""
+    """Reads from ``first_read`` on, the last row first; each row on ``weight``
+    :data:`hw.bram.READ_LATENCY` cycles after its read."""
     reads = [None] * cycles
     weights = [None] * cycles
     for i in range(config.rows):
         reads[first_read + i] = spad_addr + config.rows - 1 - i
-        weights[first_read + i + 1] = weight_row(config, rows[spad_addr + config.rows - 1 - i])
+        weights[first_read + i + READ_LATENCY] = weight_row(config, rows[spad_addr + config.rows - 1 - i])
     return reads, weights
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 def test_preload(config):
     R = config.rows
-    cycles = R + 6
+    cycles = R + 7
     rows, trace = run_loader(config, {0: ("preload", 5)}, cycles, seed=0x3E16 + R)
     reads, weights = expected_tile(config, rows, 5, 1, cycles)
     assert [t[1] for t in trace] == reads
     assert [t[2] for t in trace] == weights, f"seed {0x3E16 + R}"
-    assert [t[0] for t in trace] == [0] + [1] * R + [0] * 5
-    assert [t[3] for t in trace] == [0] * (R + 1) + [1] * 5       # after the last read
-    lanes = unpack(trace[2][2], config.cols, 1)
+    assert [t[0] for t in trace] == [0] + [1] * R + [0] * 6
+    assert [t[3] for t in trace] == [0] * (R + 1) + [1] * 6       # after the last read
+    lanes = unpack(trace[1 + READ_LATENCY][2], config.cols, 1)
     assert lanes == unpack(rows[5 + R - 1], config.cols, 1)
 
 

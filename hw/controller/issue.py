@@ -93,11 +93,10 @@ class IssueStage(wiring.Component):
         instr = head.instr
         opcode = instr.opcode
         drained = stream_.drained
-        # A store reads accumulator rows: it waits for MATMULs that still write any of them.
-        # A write still in the accumulator's second stage lands before the store's first
-        # read, two cycles after the issue: the store need not wait for it.
+        # A store reads accumulator rows: it waits for MATMULs that still write any of them,
+        # and for any write its first read, in the cycle after the issue, would miss.
         store_raw = Cat(*[stream_.writes[i].valid & head.acc.overlaps(stream_.writes[i].acc)
-                          for i in range(WRITEBACK_SLOTS)]).any()
+                          for i in range(WRITEBACK_SLOTS)]).any() | stream_.unseen
         store_dram_hazard = store.busy & (head.lo < store.hi) & (store.lo < head.hi)
 
         blocked_load = Signal()      # why the head waits, for the stall counters

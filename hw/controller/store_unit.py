@@ -31,6 +31,9 @@ class StoreUnit(wiring.Component):
 
     One row at a time: read it, requantize it (``Requantizer.latency`` cycles in either
     mode), hand it to the DMA writer; after the last row, wait for the writer's response.
+    The accumulator's read takes two cycles (:data:`hw.bram.READ_LATENCY`), so each row is
+    read a cycle ahead: the first while the command waits for the writer, each next one in
+    the cycle the row before is handed over.
 
     Attributes
     ----------
@@ -83,7 +86,7 @@ class StoreUnit(wiring.Component):
 
         op = Signal(8)
         acc = Signal(RowRange)
-        acc_addr = acc.lo
+        read_addr = Signal.like(self.acc.addr)     # the row read next
         rows = Signal(16)
         row_bytes = Signal(16)
         addr = Signal(32)
@@ -99,6 +102,7 @@ class StoreUnit(wiring.Component):
             store = cmd.payload.instr.args.store
             m.d.sync += [
                 op.eq(cmd.payload.instr.opcode), acc.eq(cmd.payload.acc),
+                read_addr.eq(cmd.payload.acc.lo),
                 rows.eq(store.rows), row_bytes.eq(store.row_bytes), addr.eq(store.dram_addr),
                 stride.eq(store.dram_stride), pc.eq(cmd.payload.pc), count.eq(0),
                 lo.eq(cmd.payload.lo), hi.eq(cmd.payload.hi),
@@ -112,23 +116,26 @@ class StoreUnit(wiring.Component):
             writer.cmd.payload.rows.eq(rows),
             writer.cmd.payload.row_bytes.eq(row_bytes),
             writer.cmd.payload.stride.eq(stride),
-            self.acc.addr.eq(acc_addr + count),
+            self.acc.addr.eq(read_addr),
         ]
 
         assert Requantizer.latency >= 2, "REQUANTIZE and at least one REQUANTIZE_WAIT"
         requant_wait = Signal(range(Requantizer.latency - 1))
         read = Signal()
         m.d.comb += self.acc.en.eq(read)     # the read port holds its row between reads
+        with m.If(read):
+            m.d.sync += read_addr.eq(read_addr + 1)
         with m.FSM(name="store") as fsm:
             with m.State("IDLE"):
                 with m.If(cmd.valid):
                     m.next = "COMMAND"
             with m.State("COMMAND"):
+                # The first row is read as the writer takes the command.
                 m.d.comb += writer.cmd.valid.eq(~self.issue.halt)
                 with m.If(writer.cmd.valid & writer.cmd.ready):
+                    m.d.comb += read.eq(1)
                     m.next = "READ"
-            with m.State("READ"):
-                m.d.comb += read.eq(1)
+            with m.State("READ"):            # the row's data arrives in the next state
                 with m.If(op == Opcode.STORE_Q):
                     m.next = "REQUANTIZE"
                 with m.Else():
@@ -154,6 +161,7 @@ class StoreUnit(wiring.Component):
                     with m.If(count == rows - 1):
                         m.next = "WAIT"
                     with m.Else():
+                        m.d.comb += read.eq(1)
                         m.next = "READ"
             with m.State("WAIT"):
                 with m.If(writer.done):

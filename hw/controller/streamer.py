@@ -35,6 +35,7 @@ class StreamStatus(data.Struct):
     macs:      32   #: useful MACs of each row it reads (k_width x n_width)
     full:      1    #: every writeback slot holds a MATMUL
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
+    unseen:    1    #: an accumulator write in flight would be missed by a read started next
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
 
 
@@ -91,8 +92,10 @@ class Streamer(wiring.Component):
         rows_after = Signal(16)
         commit = Signal()
         macs = Signal(32)
-        read = Signal()
+        read = Signal()              # a row read in this cycle arrives two cycles later
         read_commit = Signal()
+        arrive = Signal()
+        arrive_commit = Signal()
         # The MATMULs whose results are still to be written, oldest at ``head``.
         slots = [Signal(Writeback, name=f"writeback_{i}") for i in range(WRITEBACK_SLOTS)]
         head = Signal(range(WRITEBACK_SLOTS))
@@ -110,6 +113,7 @@ class Streamer(wiring.Component):
             status.macs.eq(macs),
             status.full.eq(queued == WRITEBACK_SLOTS),
             status.drained.eq(~busy & (queued == 0) & ~self.acc.busy),
+            status.unseen.eq(self.acc.unseen),
         ]
         for i in range(WRITEBACK_SLOTS):
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
@@ -119,7 +123,7 @@ class Streamer(wiring.Component):
                                           ((head != i) & (queued == 2))),
             ]
 
-        m.d.sync += read.eq(0)
+        m.d.sync += [read.eq(0), arrive.eq(read), arrive_commit.eq(read_commit)]
         m.d.comb += self.spad.en.eq(busy)
         with m.If(busy):
             m.d.comb += self.spad.addr.eq(read_addr)
@@ -158,9 +162,9 @@ class Streamer(wiring.Component):
                         Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
         m.d.comb += [
-            self.act.valid.eq(read),
+            self.act.valid.eq(arrive),
             self.act.payload.lanes.eq(self.spad.data[:8 * rows]),
-            self.act.payload.commit.eq(read_commit),
+            self.act.payload.commit.eq(arrive_commit),
         ]
 
         # Results leave the array in order: each goes to the oldest MATMUL's next row. The
@@ -183,7 +187,8 @@ class Streamer(wiring.Component):
                 self.acc.accumulate.eq(self.load_acc.accumulate),
                 self.acc.en.eq(self.load_acc.en),
             ]
-        m.d.comb += self.load_acc.busy.eq(self.acc.busy)
+        m.d.comb += [self.load_acc.busy.eq(self.acc.busy),
+                     self.load_acc.unseen.eq(self.acc.unseen)]
         # The issue stage starts a LOAD_ACC only on a drained array: no write is ever dropped.
         m.d.sync += Assert(~(self.result.valid & self.load_acc.en),
                            "an accumulator write of LOAD_ACC met a result of the array")

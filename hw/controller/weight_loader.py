@@ -58,7 +58,8 @@ class WeightLoader(wiring.Component):
         count = Signal(range(rows + 1))
         pending = Signal()           # shadow weights wait for the next MATMUL
         guard = Signal(range(rows + cols + 1))
-        read = Signal()
+        read = Signal()              # a row read in this cycle arrives two cycles later
+        arrive = Signal()
         m.d.comb += [status.busy.eq(busy), status.spad.eq(spad),
                      self.commit.pending.eq(pending)]
 
@@ -75,7 +76,7 @@ class WeightLoader(wiring.Component):
         with m.If(self.commit.take & pending):
             m.d.sync += guard.eq(rows + cols - 1)
 
-        m.d.sync += read.eq(0)
+        m.d.sync += [read.eq(0), arrive.eq(read)]
         m.d.comb += self.spad.en.eq(busy & (guard == 0))
         with m.If(busy & (guard == 0)):
             m.d.comb += self.spad.addr.eq(read_addr)
@@ -85,7 +86,7 @@ class WeightLoader(wiring.Component):
         with m.If(self.commit.take):
             m.d.sync += pending.eq(0)
         m.d.comb += [
-            self.weight.valid.eq(read),
+            self.weight.valid.eq(arrive),
             self.weight.payload.eq(self.spad.data[:8 * cols]),
         ]
         return m
