@@ -33,13 +33,19 @@ def set_status(ctx, dut, **statuses):
     ctx.set(dut.fetch.refetch, fetch.get("refetch", 0))
 
 
-def set_head(ctx, dut, word, *, check=0, bus_error=0, lo=0, hi=0, valid=1):
-    """The decoder's head: ``word`` with its row ranges (:func:`row_ranges`)."""
+def decoded(word, *, check=0, bus_error=0, lo=0, hi=0):
+    """The :class:`~hw.controller.decoder.Decoded` payload of ``word``, with its row ranges
+    (:func:`row_ranges`)."""
     spad, acc = row_ranges(word)
-    ctx.set(dut.decoded.payload, {"instr": Instruction.from_bits(word), "lo": lo, "hi": hi,
-                                  "spad": spad, "acc": acc, "check": check,
-                                  "bus_error": bus_error})
+    return {"instr": Instruction.from_bits(word), "lo": lo, "hi": hi, "spad": spad,
+            "acc": acc, "check": check, "bus_error": bus_error}
+
+
+def set_head(ctx, dut, word, *, valid=1, **fields):
+    """The decoder's head: ``word`` (:func:`decoded`), kept at the next edge."""
+    ctx.set(dut.decoded.payload, decoded(word, **fields))
     ctx.set(dut.decoded.valid, valid)
+    ctx.set(dut.next_head.load, 0)
 
 
 async def start(ctx, dut, prog_addr=PROG_ADDR, prog_len=PROG_LEN):
@@ -180,13 +186,25 @@ def test_hazards():
     """Each row of the hazard table in both ways (overlapping by one row or byte, or just
     apart); a blocked instruction counts one stall in the counter of its first blocker (load
     before store before array); an issued one goes to its unit alone with its pc, lo, hi and
-    row ranges."""
+    row ranges.
+
+    The comparisons are registered a cycle ahead: each case's statuses are set a cycle
+    before its check, with the head either already there (even cases) or loaded from the
+    decoder's ``next_head`` at that edge (odd cases, over an instruction it never
+    compares with)."""
     async def body(ctx, dut):
         await start(ctx, dut)
         for index, (word, statuses, blocker) in enumerate(HAZARDS):
             context = f"case {index}: {decode(word)[0].name} {statuses}"
             set_status(ctx, dut, **{unit: dict(fields) for unit, fields in statuses.items()})
             lo, hi = (0x2000, 0x2006) if word == LOAD_SPAD else (0x10, 0x14)
+            if index % 2:
+                set_head(ctx, dut, END, valid=0)
+                ctx.set(dut.next_head.entry, decoded(word, lo=lo, hi=hi))
+                ctx.set(dut.next_head.load, 1)
+            else:
+                set_head(ctx, dut, word, lo=lo, hi=hi, valid=0)
+            await ctx.tick()
             set_head(ctx, dut, word, lo=lo, hi=hi)
             pc, before = ctx.get(dut.host.pc), counters(ctx, dut)
             assert ctx.get(dut.decoded.ready) == (blocker is None), context
@@ -208,6 +226,33 @@ def test_hazards():
             if blocker is None and word == END:
                 assert ctx.get(dut.host.done) == 1, context
                 await start(ctx, dut)
+    simulate(body)
+
+
+@pytest.mark.parametrize("unit, statuses", [
+    ("stream", ({"free": 1, "follows": 1, "spad": span(12, 2)},
+                {"busy": 1, "drained": 0, "spad": span(4, 3)})),
+    ("weights", ({"follows": 1, "spad": span(12, R)}, {"busy": 1, "spad": span(4, R)})),
+])
+def test_hazard_with_the_instruction_issued_just_before(unit, statuses):
+    """A unit that follows the head takes the rows of the instruction issued in that cycle:
+    the comparison made a cycle ahead uses those (the head's), not the unit's rows of that
+    cycle, so a LOAD_SPAD over them right behind waits."""
+    first = MATMUL if unit == "stream" else preload(4)
+    async def body(ctx, dut):
+        await start(ctx, dut)
+        set_status(ctx, dut, **{unit: statuses[0]})
+        set_head(ctx, dut, first)
+        ctx.set(dut.next_head.entry, decoded(LOAD_SPAD, lo=0x2000, hi=0x2006))
+        ctx.set(dut.next_head.load, 1)
+        assert ctx.get(getattr(dut, unit).cmd.valid) == 1
+        await ctx.tick()
+        set_status(ctx, dut, **{unit: statuses[1]})
+        set_head(ctx, dut, LOAD_SPAD, lo=0x2000, hi=0x2006)
+        assert ctx.get(dut.decoded.ready) == 0
+        before = counters(ctx, dut)["stall_array"]
+        await ctx.tick()
+        assert counters(ctx, dut)["stall_array"] == before + 1
     simulate(body)
 
 

@@ -91,6 +91,7 @@ class Controller(wiring.Component):
         wiring.connect(m, wiring.flipped(self.reader), fetcher.reader)
         wiring.connect(m, fetcher.words, decoder.words)
         wiring.connect(m, decoder.decoded, issue.decoded)
+        wiring.connect(m, decoder.next, issue.next_head)
 
         wiring.connect(m, issue.load, load_unit.issue)
         wiring.connect(m, issue.weights, weight_loader.issue)

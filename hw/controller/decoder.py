@@ -12,7 +12,7 @@ from .fetcher import WordsSignature
 from .signatures import RowRange
 
 
-__all__ = ["Decoder", "Decoded"]
+__all__ = ["Decoder", "Decoded", "NextHeadSignature"]
 
 
 class Decoded(data.Struct):
@@ -26,6 +26,13 @@ class Decoded(data.Struct):
     acc:       RowRange   #: the accumulator rows it touches
     check:     8
     bus_error: 1
+
+
+def NextHeadSignature():
+    """What the decoder's head register takes at the next edge: ``entry`` when ``load``
+    (else it keeps what it holds), so that the issue stage can compare the next head with
+    its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle."""
+    return wiring.Signature({"load": Out(1), "entry": Out(Decoded)})
 
 
 class Decoder(wiring.Component):
@@ -44,12 +51,14 @@ class Decoder(wiring.Component):
     words : In(WordsSignature())
         From the fetcher; ``taken`` when a word leaves the queue.
     decoded : Out(stream.Signature(Decoded))
+    next : Out(NextHeadSignature())
     """
     def __init__(self, config):
         self.config = config
         super().__init__({
             "words":   In(WordsSignature()),
             "decoded": Out(stream.Signature(Decoded)),
+            "next":    Out(NextHeadSignature()),
         })
 
     def elaborate(self, platform):
@@ -189,8 +198,9 @@ class Decoder(wiring.Component):
         # The queue's head waits in a register until the issue stage takes it.
         with m.If(self.decoded.ready):
             m.d.sync += self.decoded.valid.eq(0)
+        m.d.comb += self.next.entry.eq(queue.r_data)
         with m.If(queue.r_rdy & (~self.decoded.valid | self.decoded.ready)):
-            m.d.comb += [queue.r_en.eq(1), words.taken.eq(1)]
+            m.d.comb += [queue.r_en.eq(1), words.taken.eq(1), self.next.load.eq(1)]
             m.d.sync += [self.decoded.valid.eq(1), self.decoded.payload.eq(queue.r_data)]
         with m.If(flush):
             m.d.sync += self.decoded.valid.eq(0)

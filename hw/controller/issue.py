@@ -6,7 +6,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import INSTR_BYTES, ErrorCode, Opcode
-from .decoder import Decoded
+from .decoder import Decoded, NextHeadSignature
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
 from .signatures import Fault, HostLinkSignature, UnitSignature
@@ -40,6 +40,9 @@ class IssueStage(wiring.Component):
     soft_reset_pending : Out(1)
     fetch : Out(FetchControlSignature())
     decoded : In(stream.Signature(Decoded))
+    next_head : In(NextHeadSignature())
+        What the head will be in the next cycle: the hazard comparisons are made a cycle
+        ahead, between it and what each unit's ranges will be, into registers.
     load, weights, stream, store : Out(UnitSignature(...))
         The links to the load unit, weight loader, streamer and store unit.
     """
@@ -50,6 +53,7 @@ class IssueStage(wiring.Component):
             "soft_reset_pending": Out(1),
             "fetch":              Out(FetchControlSignature()),
             "decoded":            In(stream.Signature(Decoded)),
+            "next_head":          In(NextHeadSignature()),
             "load":               Out(UnitSignature(LoadStatus, fault=True)),
             "weights":            Out(UnitSignature(WeightStatus)),
             "stream":             Out(UnitSignature(StreamStatus)),
@@ -93,11 +97,54 @@ class IssueStage(wiring.Component):
         instr = head.instr
         opcode = instr.opcode
         drained = stream_.drained
+
+        # Each comparison of the head with a unit's rows or bytes is made in the cycle
+        # before, into a register: between the next head (the decoder's entry if it loads
+        # one, else this head) and what the unit's registers will hold (the head's, if they
+        # follow it, else their own). Only the last 2:1 choice waits for this cycle's issue.
+        def ahead(name, compare, ours, theirs, follows):
+            flag = Signal(name=f"{name}_ahead")
+            unit_next = tuple(Signal.like(part, name=f"{name}_unit_next{i}")
+                              for i, part in enumerate(theirs))
+            for part, mine, their in zip(unit_next, ours(head), theirs):
+                m.d.comb += part.eq(Mux(follows, mine, their))
+            m.d.sync += flag.eq(Mux(self.next_head.load,
+                                    compare(ours(self.next_head.entry), unit_next),
+                                    compare(ours(head), unit_next)))
+            return flag
+
+        def overlaps(a, b):              # [lo, hi) ranges, as (lo, hi) pairs
+            return (a[0] < b[1]) & (b[0] < a[1])
+
+        def spad_of(entry):
+            return (entry.spad.lo, entry.spad.hi)
+
+        def acc_of(entry):
+            return (entry.acc.lo, entry.acc.hi)
+
+        def bytes_of(entry):
+            return (entry.lo, entry.hi)
+
+        def pair(rows):
+            return (rows.lo, rows.hi)
+
+        spad_vs_stream = ahead("spad_vs_stream", overlaps, spad_of, pair(stream_.spad),
+                               stream_.follows)
+        spad_vs_weights = ahead("spad_vs_weights", overlaps, spad_of, pair(weights.spad),
+                                weights.follows)
+        spad_vs_load = ahead("spad_vs_load", overlaps, spad_of, pair(load.spad),
+                             load.follows)
+        acc_vs_store = ahead("acc_vs_store", overlaps, acc_of, pair(store.acc),
+                             store.follows)
+        bytes_vs_store = ahead("bytes_vs_store", overlaps, bytes_of,
+                               (store.lo, store.hi), store.follows)
         # A store reads accumulator rows: it waits for MATMULs that still write any of them,
         # and for any write its first read, in the cycle after the issue, would miss.
-        store_raw = Cat(*[stream_.writes[i].valid & head.acc.overlaps(stream_.writes[i].acc)
+        store_raw = Cat(*[stream_.writes[i].valid &
+                          ahead(f"acc_vs_slot{i}", overlaps, acc_of,
+                                pair(stream_.writes[i].acc), stream_.slot_follows[i])
                           for i in range(WRITEBACK_SLOTS)]).any() | stream_.unseen
-        store_dram_hazard = store.busy & (head.lo < store.hi) & (store.lo < head.hi)
+        store_dram_hazard = store.busy & bytes_vs_store
 
         blocked_load = Signal()      # why the head waits, for the stall counters
         blocked_store = Signal()
@@ -112,8 +159,8 @@ class IssueStage(wiring.Component):
             with m.Case(Opcode.LOAD_SPAD):
                 m.d.comb += [
                     blocked_load.eq(load.busy),
-                    blocked_array.eq((stream_.busy & head.spad.overlaps(stream_.spad)) |
-                                     (weights.busy & head.spad.overlaps(weights.spad))),
+                    blocked_array.eq((stream_.busy & spad_vs_stream) |
+                                     (weights.busy & spad_vs_weights)),
                     blocked_store.eq(store_dram_hazard),
                 ]
             with m.Case(Opcode.LOAD_ACC):
@@ -129,14 +176,14 @@ class IssueStage(wiring.Component):
                 ]
             with m.Case(Opcode.PRELOAD):
                 m.d.comb += [
-                    blocked_load.eq(load.to_spad & head.spad.overlaps(load.spad)),
+                    blocked_load.eq(load.to_spad & spad_vs_load),
                     blocked_array.eq(weights.busy),
                 ]
             with m.Case(Opcode.MATMUL):
                 m.d.comb += [
-                    blocked_load.eq(load.to_acc | (load.to_spad & head.spad.overlaps(load.spad))),
+                    blocked_load.eq(load.to_acc | (load.to_spad & spad_vs_load)),
                     blocked_array.eq(~stream_.free | stream_.full | weights.busy),
-                    blocked_store.eq(store.busy & head.acc.overlaps(store.acc)),
+                    blocked_store.eq(store.busy & acc_vs_store),
                 ]
             with m.Case(Opcode.STORE, Opcode.STORE_Q):
                 m.d.comb += [

@@ -20,6 +20,7 @@ class LoadStatus(data.Struct):
     to_spad: 1          #: a LOAD_SPAD into the rows ``spad``
     to_acc:  1          #: a LOAD_ACC (it writes through the streamer's share of the port)
     spad:    RowRange
+    follows: 1          #: its ranges take the issue stage's head's at the next edge
 
 
 class LoadUnit(wiring.Component):
@@ -86,6 +87,7 @@ class LoadUnit(wiring.Component):
             status.to_spad.eq(busy & (op == Opcode.LOAD_SPAD)),
             status.to_acc.eq(busy & (op == Opcode.LOAD_ACC)),
             status.spad.eq(spad),
+            status.follows.eq(~busy),
             fault.pc.eq(pc),
         ]
 

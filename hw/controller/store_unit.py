@@ -22,6 +22,7 @@ class StoreStatus(data.Struct):
     acc:  RowRange      #: the accumulator rows it reads
     lo:   32            #: it writes DRAM bytes [lo, hi)
     hi:   33
+    follows: 1          #: its ranges take the issue stage's head's at the next edge
 
 
 class StoreUnit(wiring.Component):
@@ -167,5 +168,6 @@ class StoreUnit(wiring.Component):
                 with m.If(writer.done):
                     m.d.comb += [fault.valid.eq(writer.error), fault.code.eq(ErrorCode.BUS_WRITE)]
                     m.next = "IDLE"
-        m.d.comb += [idle.eq(fsm.ongoing("IDLE")), status.busy.eq(~idle)]
+        m.d.comb += [idle.eq(fsm.ongoing("IDLE")), status.busy.eq(~idle),
+                     status.follows.eq(idle)]
         return m

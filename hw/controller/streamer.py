@@ -37,6 +37,8 @@ class StreamStatus(data.Struct):
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
     unseen:    1    #: an accumulator write in flight would be missed by a read started next
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
+    follows:   1    #: ``spad`` takes the issue stage's head's at the next edge
+    slot_follows: WRITEBACK_SLOTS   #: so does the ``acc`` of each of these slots
 
 
 class Streamer(wiring.Component):
@@ -114,6 +116,7 @@ class Streamer(wiring.Component):
             status.full.eq(queued == WRITEBACK_SLOTS),
             status.drained.eq(~busy & (queued == 0) & ~self.acc.busy),
             status.unseen.eq(self.acc.unseen),
+            status.follows.eq(status.free),
         ]
         for i in range(WRITEBACK_SLOTS):
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
@@ -150,6 +153,7 @@ class Streamer(wiring.Component):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
                 with m.If((head ^ (queued == 1)) == i):
+                    m.d.comb += status.slot_follows[i].eq(1)
                     m.d.sync += [slots[i].acc.eq(cmd.payload.acc),
                                  slots[i].rows.eq(matmul.rows),
                                  slots[i].accumulate.eq(matmul.accumulate)]

@@ -17,6 +17,7 @@ class WeightStatus(data.Struct):
     """What the weight loader holds, for the issue stage's hazard checks."""
     busy: 1
     spad: RowRange      #: the scratchpad rows it reads
+    follows: 1          #: its ranges take the issue stage's head's at the next edge
 
 
 class WeightLoader(wiring.Component):
@@ -60,7 +61,7 @@ class WeightLoader(wiring.Component):
         guard = Signal(range(rows + cols + 1))
         read = Signal()              # a row read in this cycle arrives two cycles later
         arrive = Signal()
-        m.d.comb += [status.busy.eq(busy), status.spad.eq(spad),
+        m.d.comb += [status.busy.eq(busy), status.spad.eq(spad), status.follows.eq(~busy),
                      self.commit.pending.eq(pending)]
 
         # While idle, the registers follow the instruction at the issue stage's head, so
