@@ -42,7 +42,10 @@ def test_synthesis_maps_memories_and_multipliers(report_2x2):
     assert json.loads((workdir / "report.json").read_text()) == report
     # 4 PEs on hand-instantiated MULT18X18D, plus what the requantizer's products infer.
     assert cells.get("MULT18X18D", 0) >= 4, cells
-    assert cells.get("DP16KD", 0) > 0, cells
+    # The memories on hand-instantiated block RAMs with output registers (hw/bram.py), a
+    # copy per read port: the scratchpad's 16-bit x 2048 rows on 2K x 9 DP16KD (2 a copy),
+    # the accumulator's 64-bit x 512 rows on 512 x 36 PDPW16KD (2 a copy).
+    assert (cells.get("DP16KD", 0), cells.get("PDPW16KD", 0)) == (4, 4), cells
     assert cells.get("LUT4", 0) > 0 and cells.get("TRELLIS_FF", 0) > 0, cells
     assert report["mac_pipeline"] == 1   # a 2-column array has one cycle of slack
 
