@@ -161,10 +161,10 @@ def _clock_env(sim):
 def _gateware_hash():
     """A hash of what a build is made from: the gateware sources and the build's arguments."""
     digest = hashlib.sha256()
-    sources = sorted((PROJECT_ROOT / "hw").glob("*.py"))
+    sources = sorted((PROJECT_ROOT / "hw").rglob("*.py"))      # with hw/controller/, hw/dma/
     sources += [PROJECT_ROOT / name for name in BENCH_SOURCES]
     for source in sources:
-        digest.update(source.name.encode())
+        digest.update(str(source.relative_to(PROJECT_ROOT)).encode())
         digest.update(source.read_bytes())
     digest.update(repr((VERILATOR_ARGS, MERGE_COND_MAX_PES, VERILATOR_MAKE_ARGS,
                         ICARUS_ARGS)).encode())

@@ -326,7 +326,9 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
 
         # Streamer.
         if st_busy:
-            results.append(t + SRAM_READ_LATENCY + latency)
+            # This cycle's row was read in the cycle before (the streamer reads a cycle
+            # ahead): it enters the array SRAM_READ_LATENCY cycles after that read.
+            results.append(t - 1 + SRAM_READ_LATENCY + latency)
             array_rows += 1
             useful_macs += st_macs
             if st_count == st_rows - 1:

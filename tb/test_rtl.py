@@ -152,3 +152,20 @@ def test_overlap_keeps_the_array_busy():
     assert perf["write_bytes"] == 4 * 256 * 256
     assert perf["read_bytes"] >= 256 * 256 * 2 + 16 * result.plan.instructions
     assert perf["useful_macs"] / (result.cycles * 64) >= 0.97, perf
+
+
+def test_build_hash_covers_every_gateware_file(tmp_path, monkeypatch):
+    """A simulator build is reused only while no file of ``hw/`` changed, in its subpackages
+    too (``hw/controller/``, ``hw/dma/``): a stale build would run the old RTL."""
+    from sim import runner
+    (tmp_path / "hw" / "controller").mkdir(parents=True)
+    top, nested = tmp_path / "hw" / "top.py", tmp_path / "hw" / "controller" / "issue.py"
+    top.write_text("a = 1\n")
+    nested.write_text("b = 1\n")
+    monkeypatch.setattr(runner, "PROJECT_ROOT", tmp_path)
+    monkeypatch.setattr(runner, "BENCH_SOURCES", [])
+    before = runner._gateware_hash()
+    nested.write_text("b = 2\n")
+    assert runner._gateware_hash() != before
+    nested.write_text("b = 1\n")
+    assert runner._gateware_hash() == before

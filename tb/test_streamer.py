@@ -45,14 +45,15 @@ def act_row(ctx, dut):
 
 @pytest.mark.parametrize("pending", [0, 1])
 def test_stream_rows(pending):
-    """MATMUL at cycle 0: rows ``spad_addr ..`` read in cycles 1-4, on ``act`` in 3-6 (two
-    cycles of read latency), the first with ``commit`` when weights were pending; ``free``
-    again on the last row."""
+    """MATMUL at cycle 0: rows ``spad_addr ..`` in ``busy`` in cycles 1-4 but read a cycle
+    ahead, in 0-3 (two cycles of read latency), on ``act`` in 2-5, the first with ``commit``
+    when weights were pending; ``free`` again on the last row. While free the port reads
+    the head's first row."""
     async def body(ctx, dut, spad, rng):
         ctx.set(dut.commit.pending, pending)
         offer(ctx, dut.issue.cmd, matmul(3, 2, 4, 1, k_width=1))
         trace = []
-        for cycle in range(9):
+        for cycle in range(8):
             status = ctx.get(dut.issue.status)
             trace.append((ctx.get(dut.commit.take), status.busy, status.free,
                            ctx.get(dut.spad.en) and ctx.get(dut.spad.addr), act_row(ctx, dut)))
@@ -63,10 +64,9 @@ def test_stream_rows(pending):
                 assert (status.spad.lo, status.spad.hi, status.macs) == (3, 3 + 4, 1 * C)
         lanes = [spad[a] & ((1 << 8 * R) - 1) for a in range(3, 7)]
         assert trace == [
-            (1, 0, 1, 0, None), (0, 1, 0, 3, None), (0, 1, 0, 4, None),
-            (0, 1, 0, 5, (lanes[0], pending)), (0, 1, 1, 6, (lanes[1], 0)),
-            (0, 0, 1, 0, (lanes[2], 0)), (0, 0, 1, 0, (lanes[3], 0)), (0, 0, 1, 0, None),
-            (0, 0, 1, 0, None)]
+            (1, 0, 1, 3, None), (0, 1, 0, 4, None), (0, 1, 0, 5, (lanes[0], pending)),
+            (0, 1, 0, 6, (lanes[1], 0)), (0, 1, 1, 3, (lanes[2], 0)),
+            (0, 0, 1, 3, (lanes[3], 0)), (0, 0, 1, 3, None), (0, 0, 1, 3, None)]
         assert ctx.get(dut.issue.status.drained) == 0        # its results are still to come
     simulate(body)
 
@@ -92,7 +92,8 @@ def test_random_against_model(seed):
     writeback slots and accumulator write match a model of two slots."""
     async def body(ctx, dut, spad, rng):
         reads = deque()           # (spad row, commit) still to read, the current one first
-        arriving = deque([None, None])  # the rows read in the last two cycles, oldest first
+        last_read = None
+        head_row = 0              # the first row of the instruction offered last
         slots = deque()           # [acc_addr, rows, accumulate, results written]
         macs = 0
         issued = 0
@@ -132,9 +133,15 @@ def test_random_against_model(seed):
             assert status.free == (len(reads) <= 1), context
             assert status.full == (len(slots) == 2), context
             assert status.drained == (not reads and not slots and not acc_busy), context
+            if issue:
+                head_row = decode(word)[1]["spad_addr"]
             if reads:
-                assert ctx.get(dut.spad.addr) == reads[0][0] and status.macs == macs, context
-            assert act_row(ctx, dut) == arriving[0], context
+                assert status.macs == macs, context
+            # The port reads a cycle ahead: the next row, or the head's first while free.
+            assert ctx.get(dut.spad.en) == 1, context
+            assert ctx.get(dut.spad.addr) == (reads[1][0] if len(reads) > 1 else head_row), \
+                context
+            assert act_row(ctx, dut) == last_read, context
             valid_slots = sorted((w.acc.lo, w.acc.hi, w.rows, w.accumulate)
                                  for w in status.writes if w.valid)
             assert valid_slots == sorted((s[0], s[0] + s[1], s[1], s[2]) for s in slots), \
@@ -156,11 +163,10 @@ def test_random_against_model(seed):
                 assert write[0] == 0, context
 
             await ctx.tick()
-            arriving.popleft()
-            arriving.append(None)
+            last_read = None
             if reads:
                 row, commit = reads.popleft()
-                arriving[-1] = (spad[row] & ((1 << 8 * R) - 1), commit)
+                last_read = (spad[row] & ((1 << 8 * R) - 1), commit)
             if issue:
                 issued += 1
                 f = decode(word)[1]

@@ -85,16 +85,14 @@ class Streamer(wiring.Component):
 
         busy = Signal()
         spad = Signal(RowRange)
-        # The row read in this cycle: its address, whether it is the MATMUL's first and
-        # last, and how many follow it, all registered (no sum or comparison before the
-        # block RAM's address or the issue stage's ``free``).
+        # The row of this cycle: whether it is the MATMUL's last, how many follow it, and
+        # the address of the next, all registered (no sum or comparison before the block
+        # RAM's address or the issue stage's ``free``).
         read_addr = Signal.like(self.spad.addr)
-        first = Signal()
         last = Signal()
         rows_after = Signal(16)
-        commit = Signal()
         macs = Signal(32)
-        read = Signal()              # a row read in this cycle arrives two cycles later
+        read = Signal()              # a row was read in the cycle before: here in the next
         read_commit = Signal()
         arrive = Signal()
         arrive_commit = Signal()
@@ -126,15 +124,22 @@ class Streamer(wiring.Component):
                                           ((head != i) & (queued == 2))),
             ]
 
-        m.d.sync += [read.eq(0), arrive.eq(read), arrive_commit.eq(read_commit)]
-        m.d.comb += self.spad.en.eq(busy)
+        # Each row is read a cycle ahead of its cycle in ``busy`` (the scratchpad's read
+        # takes two cycles), so that it reaches the array in the cycle after that one: the
+        # first in the cycle its MATMUL issues (the port reads the head's first row in
+        # every cycle the streamer is free, whether it issues or not), each next one in the
+        # cycle of the row before. ``read_addr`` is the row after the one of this cycle.
+        m.d.comb += [self.spad.en.eq(1),
+                     self.spad.addr.eq(Mux(status.free, cmd.payload.spad.lo, read_addr))]
+        m.d.sync += [
+            read.eq(cmd.valid | (busy & ~last)),
+            read_commit.eq(cmd.valid & self.commit.pending),
+            arrive.eq(read),
+            arrive_commit.eq(read_commit),
+        ]
         with m.If(busy):
-            m.d.comb += self.spad.addr.eq(read_addr)
             m.d.sync += [
-                read.eq(1),
-                read_commit.eq(commit & first),
                 read_addr.eq(read_addr + 1),
-                first.eq(0),
                 last.eq(rows_after == 1),
                 rows_after.eq(rows_after - 1),
             ]
@@ -159,9 +164,8 @@ class Streamer(wiring.Component):
                                  slots[i].accumulate.eq(matmul.accumulate)]
         with m.If(status.free):
             m.d.sync += [
-                spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo),
-                first.eq(1), last.eq(matmul.rows == 1), rows_after.eq(matmul.rows - 1),
-                commit.eq(self.commit.pending),
+                spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo + 1),
+                last.eq(matmul.rows == 1), rows_after.eq(matmul.rows - 1),
                 macs.eq(Mux(matmul.k_width == 0, rows, matmul.k_width) *
                         Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
