@@ -10,7 +10,7 @@ from .bram import READ_LATENCY, RegisteredMemory
 
 
 __all__ = ["AccumulatorMemory", "AccumulatorSignature", "AccumulatorWriteSignature",
-           "WRITE_LATENCY"]
+           "InFlight", "WRITE_LATENCY"]
 
 
 #: Cycles from a write's acceptance to the edge that writes its row: the old row's read
@@ -18,17 +18,23 @@ __all__ = ["AccumulatorMemory", "AccumulatorSignature", "AccumulatorWriteSignatu
 WRITE_LATENCY = READ_LATENCY + 1
 
 
+def InFlight(depth):
+    """A write on its way to the block RAM: whether there is one, and its row."""
+    return data.StructLayout({"valid": 1, "addr": ceil_log2(depth)})
+
+
 def AccumulatorWriteSignature(depth, cols):
     """The accumulator's write port, as the memory sees it: a row that overwrites or adds
     to row ``addr``. ``busy`` while an accepted write has not reached the block RAM;
-    ``unseen`` while one would not be seen by a read that starts in the next cycle."""
+    ``unseen``: the writes (accepted one and two cycles before) that a read started in the
+    next cycle would not see."""
     return wiring.Signature({
         "addr":       In(ceil_log2(depth)),
         "en":         In(1),
         "accumulate": In(1),
         "data":       In(data.ArrayLayout(signed(32), cols)),
         "busy":       Out(1),
-        "unseen":     Out(1),
+        "unseen":     Out(data.ArrayLayout(InFlight(depth), READ_LATENCY)),
     })
 
 
@@ -60,7 +66,8 @@ class AccumulatorMemory(wiring.Component):
     ----------
     write : AccumulatorWriteSignature
         ``addr``, ``en``, ``accumulate``, ``data`` in; ``busy``: a write has not reached
-        the block RAM; ``unseen``: a read started in the next cycle would miss one.
+        the block RAM; ``unseen``: the writes in s1 and s2, which a read started in the next
+        cycle would miss.
     read : ReadPort.Signature
         ``data`` is row ``addr`` from two cycles before; it holds while ``en`` is low.
         Reads see the writes that reached the block RAM before them.
@@ -109,6 +116,7 @@ class AccumulatorMemory(wiring.Component):
             memory.write.data.eq(dS),
             memory.write.en.eq(S.valid),
             self.write.busy.eq(s1.valid | s2.valid | S.valid),
-            self.write.unseen.eq(s1.valid | s2.valid),
+            self.write.unseen[0].valid.eq(s1.valid), self.write.unseen[0].addr.eq(s1.addr),
+            self.write.unseen[1].valid.eq(s2.valid), self.write.unseen[1].addr.eq(s2.addr),
         ]
         return m

@@ -188,7 +188,8 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
     results = deque()                        # cycles in which a result row leaves the array
     wb_slots = deque()                       # (acc_addr, rows) of MATMULs still writing
     out_count = 0
-    acc_writes = [False] * WRITE_LATENCY     # results accepted in the cycles before, newest first
+    # The rows of the results accepted in the cycles before (None: none), newest first.
+    acc_writes = [None] * WRITE_LATENCY
     # Store unit (IDLE, COMMAND, READ, ROW, WAIT) and DMA writer (IDLE, ROW, ADDRESS,
     # DATA, RESPONSES) with its one-row buffer.
     sd_state = "IDLE"
@@ -245,11 +246,14 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
                 blocked_store = sd_busy
                 blocked_array = any(
                     _overlap(fields["acc_addr"], fields["rows"], a, r) for a, r in wb_slots
-                ) or any(acc_writes[:WRITE_LATENCY - 1])      # a write its read would miss
+                ) or any(row is not None and                 # a write its read would miss
+                         fields["acc_addr"] <= row < fields["acc_addr"] + fields["rows"]
+                         for row in acc_writes[:SRAM_READ_LATENCY])
             else:                            # END
                 blocked_load = ld_busy or reader_busy
                 blocked_store = sd_busy
-                blocked_array = wl_busy or st_busy or bool(wb_slots) or any(acc_writes)
+                blocked_array = (wl_busy or st_busy or bool(wb_slots) or
+                                 any(row is not None for row in acc_writes))
             if blocked_load:
                 stall_load += 1
             elif blocked_store:
@@ -336,7 +340,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             st_count += 1
 
         # Results into the accumulator, oldest MATMUL first.
-        acc_writes = [result_valid] + acc_writes[:-1]
+        acc_writes = ([wb_slots[0][0] + out_count] if result_valid else [None]) + acc_writes[:-1]
         if result_valid:
             results.popleft()
             if out_count == wb_slots[0][1] - 1:

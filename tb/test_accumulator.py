@@ -17,7 +17,7 @@ def _run_writes(dut, writes, *, check_busy=True):
     rows = []
 
     async def testbench(ctx):
-        history = [False] * WRITE_LATENCY        # writes of the cycles before, newest first
+        history = [None] * WRITE_LATENCY         # rows written in the cycles before, newest first
         for write in writes:
             if write is None:
                 ctx.set(dut.write.en, 0)
@@ -29,10 +29,12 @@ def _run_writes(dut, writes, *, check_busy=True):
                 ctx.set(dut.write.en, 1)
             if check_busy:
                 # busy: a write of the last WRITE_LATENCY cycles has not reached the block
-                # RAM; unseen: one of the last two would be missed by a read next cycle.
-                assert ctx.get(dut.write.busy) == any(history)
-                assert ctx.get(dut.write.unseen) == any(history[:READ_LATENCY])
-            history = [write is not None] + history[:-1]
+                # RAM; unseen: the last two, which a read next cycle would miss.
+                assert ctx.get(dut.write.busy) == any(row is not None for row in history)
+                unseen = ctx.get(dut.write.unseen)
+                assert [entry.addr if entry.valid else None for entry in unseen] == \
+                    history[:READ_LATENCY]
+            history = [None if write is None else write[0]] + history[:-1]
             await ctx.tick()
         ctx.set(dut.write.en, 0)
         for _ in range(WRITE_LATENCY):

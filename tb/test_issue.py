@@ -123,6 +123,14 @@ MATMUL = matmul(4, 2, 3, 0)                        # spad [4, 7), acc [2, 5)
 STORE = store(2, 3, 8, 0x3000, 8)                  # acc [2, 5)
 # The units' rows as RowRange values: span(first, rows) is [first, first + rows).
 WRITES = lambda first, second: {"writes": [first, second]}   # noqa: E731
+
+
+def UNSEEN(stage, row):
+    """The streamer's status with one accumulator write of ``row`` in flight, in ``stage``
+    (0: accepted in the cycle before, 1: two cycles before). Every address is ``row``, so
+    that, held for two cycles, the write is also where it was a cycle before."""
+    unseen = [{"valid": int(i == stage), "addr": row} for i in range(2)]
+    return {"stream": {"drained": 0, "unseen": unseen, "writing": {"valid": 0, "addr": row}}}
 # (word, statuses, the blocker: None when it issues, or the counter that counts the stall)
 HAZARDS = [
     (END, {}, None), (END, {"load": {"busy": 1}}, "load"),
@@ -174,11 +182,12 @@ HAZARDS = [
     (store_q(2, 3, 3, 0x3000, 3), {"stream": WRITES({}, {"valid": 1, "acc": span(1, 2),
                                                           "rows": 2})}, "array"),
     (store_q(2, 3, 3, 0x3000, 3), {"stream": {"busy": 1, "drained": 0}}, None),
-    # An accumulator write in flight that the store's first read would miss, any row.
-    (STORE, {"stream": {"drained": 0, "unseen": 1}}, "array"),
-    (store_q(2, 3, 3, 0x3000, 3), {"stream": {"drained": 0, "unseen": 1}}, "array"),
-    (STORE, {"stream": {"drained": 0, "unseen": 0}}, None),
-    (MATMUL, {"stream": {"drained": 0, "unseen": 1}}, None),
+    # An accumulator write in flight that the store's first read would miss, in its rows
+    # [2, 5) (the statuses hold in the cycle before too, so ``writing`` is the next s1).
+    (STORE, UNSEEN(0, 4), "array"), (STORE, UNSEEN(1, 2), "array"),
+    (store_q(2, 3, 3, 0x3000, 3), UNSEEN(0, 3), "array"),
+    (STORE, UNSEEN(0, 5), None), (STORE, UNSEEN(1, 1), None),
+    (MATMUL, UNSEEN(0, 4), None),
 ]
 
 

@@ -123,7 +123,8 @@ def test_random_against_model(seed):
             ctx.set(dut.load_acc.accumulate, load_write[1])
             ctx.set(dut.load_acc.data, load_write[2])
             acc_busy = int(rng.random() < 0.3)
-            acc_unseen = acc_busy & int(rng.random() < 0.5)
+            acc_unseen = [{"valid": acc_busy & int(rng.random() < 0.5),
+                           "addr": int(rng.integers(0, CONFIG.acc_depth))} for _ in range(2)]
             ctx.set(dut.acc.busy, acc_busy)
             ctx.set(dut.acc.unseen, acc_unseen)
 
@@ -147,8 +148,11 @@ def test_random_against_model(seed):
             assert valid_slots == sorted((s[0], s[0] + s[1], s[1], s[2]) for s in slots), \
                 context
             assert ctx.get(dut.load_acc.busy) == acc_busy, context
-            assert ctx.get(dut.load_acc.unseen) == acc_unseen, context
-            assert status.unseen == acc_unseen, context
+            for port in (ctx.get(dut.load_acc.unseen), status.unseen):
+                assert [(w.valid, w.addr) for w in port] == \
+                    [(w["valid"], w["addr"]) for w in acc_unseen], context
+            assert (status.writing.valid, status.writing.addr) == \
+                (ctx.get(dut.acc.en), ctx.get(dut.acc.addr)), context
             write = (ctx.get(dut.acc.en), ctx.get(dut.acc.addr), ctx.get(dut.acc.accumulate),
                      list(ctx.get(dut.acc.data)))
             if result:

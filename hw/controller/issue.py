@@ -102,12 +102,8 @@ class IssueStage(wiring.Component):
         # before, into a register: between the next head (the decoder's entry if it loads
         # one, else this head) and what the unit's registers will hold (the head's, if they
         # follow it, else their own). Only the last 2:1 choice waits for this cycle's issue.
-        def ahead(name, compare, ours, theirs, follows):
+        def ahead(name, compare, ours, unit_next):
             flag = Signal(name=f"{name}_ahead")
-            unit_next = tuple(Signal.like(part, name=f"{name}_unit_next{i}")
-                              for i, part in enumerate(theirs))
-            for part, mine, their in zip(unit_next, ours(head), theirs):
-                m.d.comb += part.eq(Mux(follows, mine, their))
             m.d.sync += flag.eq(Mux(self.next_head.load,
                                     compare(ours(self.next_head.entry), unit_next),
                                     compare(ours(head), unit_next)))
@@ -128,22 +124,43 @@ class IssueStage(wiring.Component):
         def pair(rows):
             return (rows.lo, rows.hi)
 
-        spad_vs_stream = ahead("spad_vs_stream", overlaps, spad_of, pair(stream_.spad),
-                               stream_.follows)
-        spad_vs_weights = ahead("spad_vs_weights", overlaps, spad_of, pair(weights.spad),
-                                weights.follows)
-        spad_vs_load = ahead("spad_vs_load", overlaps, spad_of, pair(load.spad),
-                             load.follows)
-        acc_vs_store = ahead("acc_vs_store", overlaps, acc_of, pair(store.acc),
-                             store.follows)
-        bytes_vs_store = ahead("bytes_vs_store", overlaps, bytes_of,
-                               (store.lo, store.hi), store.follows)
+        def holds(a, b):                 # a [lo, hi) range holds row b[0]
+            return (a[0] <= b[0]) & (b[0] < a[1])
+
+        def following(name, ours, theirs, follows):
+            """What a unit's registers will hold: the head's if they follow it."""
+            unit_next = tuple(Signal.like(part, name=f"{name}_unit_next{i}")
+                              for i, part in enumerate(theirs))
+            for part, mine, their in zip(unit_next, ours(head), theirs):
+                m.d.comb += part.eq(Mux(follows, mine, their))
+            return unit_next
+
+        def against(name, compare, ours, theirs, follows):
+            return ahead(name, compare, ours, following(name, ours, theirs, follows))
+
+        spad_vs_stream = against("spad_vs_stream", overlaps, spad_of, pair(stream_.spad),
+                                 stream_.follows)
+        spad_vs_weights = against("spad_vs_weights", overlaps, spad_of, pair(weights.spad),
+                                  weights.follows)
+        spad_vs_load = against("spad_vs_load", overlaps, spad_of, pair(load.spad),
+                               load.follows)
+        acc_vs_store = against("acc_vs_store", overlaps, acc_of, pair(store.acc),
+                               store.follows)
+        bytes_vs_store = against("bytes_vs_store", overlaps, bytes_of,
+                                 (store.lo, store.hi), store.follows)
         # A store reads accumulator rows: it waits for MATMULs that still write any of them,
-        # and for any write its first read, in the cycle after the issue, would miss.
+        # and for the writes of its rows that its first read, in the cycle after the issue,
+        # would miss: those in the accumulator's pipeline one and two cycles after their
+        # acceptance (next cycle, this cycle's write and the first of them).
         store_raw = Cat(*[stream_.writes[i].valid &
-                          ahead(f"acc_vs_slot{i}", overlaps, acc_of,
-                                pair(stream_.writes[i].acc), stream_.slot_follows[i])
-                          for i in range(WRITEBACK_SLOTS)]).any() | stream_.unseen
+                          against(f"acc_vs_slot{i}", overlaps, acc_of,
+                                  pair(stream_.writes[i].acc), stream_.slot_follows[i])
+                          for i in range(WRITEBACK_SLOTS)]).any()
+        unseen_next = [stream_.writing, stream_.unseen[0]]
+        assert len(unseen_next) == len(stream_.unseen)
+        for i, write in enumerate(unseen_next):
+            hit = ahead(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,))
+            store_raw = store_raw | (stream_.unseen[i].valid & hit)
         store_dram_hazard = store.busy & bytes_vs_store
 
         blocked_load = Signal()      # why the head waits, for the stall counters

@@ -8,6 +8,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..accumulator import AccumulatorWriteSignature
+from ..bram import READ_LATENCY
 from ..systolic import ActivationRow
 from .signatures import CommitSignature, RowRange, UnitSignature
 
@@ -27,6 +28,12 @@ class Writeback(data.Struct):
     accumulate: 1
 
 
+class AccWrite(data.Struct):
+    """A write into the accumulator: whether there is one, and its row."""
+    valid: 1
+    addr:  16
+
+
 class StreamStatus(data.Struct):
     """What the streamer holds, for the issue stage's hazard checks and counters."""
     busy:      1    #: reading an activation row in this cycle
@@ -35,10 +42,12 @@ class StreamStatus(data.Struct):
     macs:      32   #: useful MACs of each row it reads (k_width x n_width)
     full:      1    #: every writeback slot holds a MATMUL
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
-    unseen:    1    #: an accumulator write in flight would be missed by a read started next
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
     follows:   1    #: ``spad`` takes the issue stage's head's at the next edge
     slot_follows: WRITEBACK_SLOTS   #: so does the ``acc`` of each of these slots
+    writing:   AccWrite   #: the accumulator's write in this cycle
+    #: the writes in its pipeline that a read started in the next cycle would miss
+    unseen:    data.ArrayLayout(AccWrite, READ_LATENCY)
 
 
 class Streamer(wiring.Component):
@@ -113,9 +122,13 @@ class Streamer(wiring.Component):
             status.macs.eq(macs),
             status.full.eq(queued == WRITEBACK_SLOTS),
             status.drained.eq(~busy & (queued == 0) & ~self.acc.busy),
-            status.unseen.eq(self.acc.unseen),
+            status.writing.valid.eq(self.acc.en),
+            status.writing.addr.eq(self.acc.addr),
             status.follows.eq(status.free),
         ]
+        for i in range(READ_LATENCY):
+            m.d.comb += [status.unseen[i].valid.eq(self.acc.unseen[i].valid),
+                         status.unseen[i].addr.eq(self.acc.unseen[i].addr)]
         for i in range(WRITEBACK_SLOTS):
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
             m.d.comb += [
