@@ -10,7 +10,7 @@ from .bram import READ_LATENCY, RegisteredMemory
 
 
 __all__ = ["AccumulatorMemory", "AccumulatorSignature", "AccumulatorWriteSignature",
-           "InFlight", "WRITE_LATENCY"]
+           "AccWrite", "WRITE_LATENCY"]
 
 
 #: Cycles from a write's acceptance to the edge that writes its row: the old row's read
@@ -18,9 +18,11 @@ __all__ = ["AccumulatorMemory", "AccumulatorSignature", "AccumulatorWriteSignatu
 WRITE_LATENCY = READ_LATENCY + 1
 
 
-def InFlight(depth):
-    """A write on its way to the block RAM: whether there is one, and its row."""
-    return data.StructLayout({"valid": 1, "addr": ceil_log2(depth)})
+class AccWrite(data.Struct):
+    """A write into the accumulator: whether there is one, and its row (16 bits, as a
+    :class:`~hw.controller.signatures.RowRange`'s)."""
+    valid: 1
+    addr:  16
 
 
 def AccumulatorWriteSignature(depth, cols):
@@ -34,7 +36,7 @@ def AccumulatorWriteSignature(depth, cols):
         "accumulate": In(1),
         "data":       In(data.ArrayLayout(signed(32), cols)),
         "busy":       Out(1),
-        "unseen":     Out(data.ArrayLayout(InFlight(depth), READ_LATENCY)),
+        "unseen":     Out(data.ArrayLayout(AccWrite, READ_LATENCY)),
     })
 
 

@@ -60,9 +60,6 @@ class RowRange(data.Struct):
     lo: 16
     hi: 17
 
-    def overlaps(self, other):
-        return (self.lo < other.hi) & (other.lo < self.hi)
-
 
 class Issued(data.Struct):
     """An instruction as the issue stage hands it to a unit: the instruction, its index, the

@@ -7,7 +7,7 @@ from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..accumulator import AccumulatorWriteSignature
+from ..accumulator import AccumulatorWriteSignature, AccWrite
 from ..bram import READ_LATENCY
 from ..systolic import ActivationRow
 from .signatures import CommitSignature, RowRange, UnitSignature
@@ -26,12 +26,6 @@ class Writeback(data.Struct):
     acc:        RowRange   #: the accumulator rows it writes
     rows:       16
     accumulate: 1
-
-
-class AccWrite(data.Struct):
-    """A write into the accumulator: whether there is one, and its row."""
-    valid: 1
-    addr:  16
 
 
 class StreamStatus(data.Struct):
@@ -124,11 +118,9 @@ class Streamer(wiring.Component):
             status.drained.eq(~busy & (queued == 0) & ~self.acc.busy),
             status.writing.valid.eq(self.acc.en),
             status.writing.addr.eq(self.acc.addr),
+            status.unseen.eq(self.acc.unseen),
             status.follows.eq(status.free),
         ]
-        for i in range(READ_LATENCY):
-            m.d.comb += [status.unseen[i].valid.eq(self.acc.unseen[i].valid),
-                         status.unseen[i].addr.eq(self.acc.unseen[i].addr)]
         for i in range(WRITEBACK_SLOTS):
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
             m.d.comb += [

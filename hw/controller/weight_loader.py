@@ -59,7 +59,7 @@ class WeightLoader(wiring.Component):
         count = Signal(range(rows + 1))
         pending = Signal()           # shadow weights wait for the next MATMUL
         guard = Signal(range(rows + cols + 1))
-        read = Signal()              # a row read in this cycle arrives two cycles later
+        read = Signal()              # a row was read in the cycle before: here in the next
         arrive = Signal()
         m.d.comb += [status.busy.eq(busy), status.spad.eq(spad), status.follows.eq(~busy),
                      self.commit.pending.eq(pending)]
