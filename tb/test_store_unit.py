@@ -105,10 +105,11 @@ def test_bus_write_fault(error):
 
 
 def test_halt_holds_the_command():
-    """While ``halt``, no command; once taken, halt stops no row."""
+    """From the cycle after ``halt`` rises to the cycle it falls (the unit registers it),
+    no command; once taken, halt stops no row."""
     _, trace = run_store(store(0, 2, 8, 0x100, 8), halt=(*range(0, 6), 8, 9))
-    assert cycles_of(trace, "cmd") == {6: (0x100, 2, 8, 8)}
-    assert list(cycles_of(trace, "row")) == [8, 10]
+    assert cycles_of(trace, "cmd") == {7: (0x100, 2, 8, 8)}
+    assert list(cycles_of(trace, "row")) == [9, 11]
 
 
 def quant_state(multipliers, shifts, zero_point, act_min, act_max, mode=QuantMode.FIXED):

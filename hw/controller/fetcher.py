@@ -126,32 +126,32 @@ class Fetcher(wiring.Component):
                       (fetch_pc != control.prog_len) & (held <= self.high_water))
         grant_fetch = Signal()
         grant_load = Signal()
-        # A command offered and not yet taken stays offered, unchanged (the stream's rule).
-        offered = Signal()
-        offered_load = Signal()
-        m.d.sync += [offered.eq(reader.cmd.valid & ~reader.cmd.ready),
-                     offered_load.eq(grant_load)]
-        # END and a stop wait for it as for a command the reader runs.
-        m.d.comb += control.reader_busy.eq(reader_busy | offered)
-        with m.If(offered):
-            m.d.comb += [grant_fetch.eq(~offered_load), grant_load.eq(offered_load)]
-        with m.Elif(~reader_busy & ~control.halt):
+        # The grant is registered: the command leaves the fetcher from flip-flops, a cycle
+        # after the grant, so that no path runs from the issue stage through this arbiter
+        # into the DMA reader, which is placed far away (by the block RAMs its rows feed).
+        # The reader is idle from the cycle after its ``done`` (and after a reset), so the
+        # command is taken at once; the fetcher never waits for the reader's ``cmd.ready``
+        # (asserted below). The payload register loads every cycle: no enable to fan out.
+        m.d.comb += control.reader_busy.eq(reader_busy)
+        with m.If(~reader_busy & ~control.halt):
             with m.If(fetch_want & (~load.cmd.valid | (held < FETCH_LOW_WATER))):
                 m.d.comb += grant_fetch.eq(1)
             with m.Elif(load.cmd.valid):
                 m.d.comb += grant_load.eq(1)
+        m.d.sync += reader.cmd.valid.eq(grant_fetch | grant_load)
         with m.If(grant_fetch):
-            m.d.comb += [
-                reader.cmd.valid.eq(1),
+            m.d.sync += [
                 reader.cmd.payload.addr.eq(control.prog_addr + fetch_pc * INSTR_BYTES),
                 reader.cmd.payload.rows.eq(fetch_rows),
                 reader.cmd.payload.row_bytes.eq(INSTR_BYTES),
                 reader.cmd.payload.stride.eq(INSTR_BYTES),
             ]
-        with m.Elif(grant_load):
-            m.d.comb += [reader.cmd.valid.eq(1), reader.cmd.payload.eq(load.cmd.payload)]
-        m.d.comb += load.cmd.ready.eq(grant_load & reader.cmd.ready)
-        with m.If(reader.cmd.valid & reader.cmd.ready):
+        with m.Else():
+            m.d.sync += reader.cmd.payload.eq(load.cmd.payload)
+        m.d.comb += load.cmd.ready.eq(grant_load)
+        m.d.sync += Assert(~reader.cmd.valid | reader.cmd.ready,
+                           "the DMA reader is busy while the fetcher counts it idle")
+        with m.If(grant_fetch | grant_load):
             m.d.sync += [reader_busy.eq(1), reader_is_load.eq(grant_load)]
         with m.If(reader.done):
             m.d.sync += reader_busy.eq(0)
@@ -176,7 +176,7 @@ class Fetcher(wiring.Component):
             m.d.sync += [fetch_stop.eq(1), words.word.payload.bus_error.eq(1)]
 
         # After a store over the program: drop what was fetched, read on from pc.
-        with m.If(refetch & ~control.store_busy & ~reader_busy & ~offered):
+        with m.If(refetch & ~control.store_busy & ~reader_busy):
             m.d.comb += words.flush.eq(1)
             m.d.sync += [refetch.eq(0), fetch_pc.eq(control.pc), fetch_stop.eq(0)]
 

@@ -39,7 +39,7 @@ class StoreUnit(wiring.Component):
     Attributes
     ----------
     issue : In(UnitSignature(StoreStatus, fault=True, halt=True))
-        While ``halt``, no new DMA command starts.
+        From the cycle after ``halt`` rises, no new DMA command starts.
     acc : In(ReadPort.Signature)
         The accumulator's read port.
     quant : In(stream.Signature(QuantState(cols), always_ready=True))
@@ -126,13 +126,18 @@ class StoreUnit(wiring.Component):
         m.d.comb += self.acc.en.eq(read)     # the read port holds its row between reads
         with m.If(read):
             m.d.sync += read_addr.eq(read_addr + 1)
+        # The soft reset's halt, registered here: the issue stage's flip-flop drives logic
+        # spread over the die, and this one only the writer's command (a command may still
+        # start in the halt's first cycle; it ends on the bus like any command in flight).
+        halt = Signal()
+        m.d.sync += halt.eq(self.issue.halt)
         with m.FSM(name="store") as fsm:
             with m.State("IDLE"):
                 with m.If(cmd.valid):
                     m.next = "COMMAND"
             with m.State("COMMAND"):
                 # The first row is read as the writer takes the command.
-                m.d.comb += writer.cmd.valid.eq(~self.issue.halt)
+                m.d.comb += writer.cmd.valid.eq(~halt)
                 with m.If(writer.cmd.valid & writer.cmd.ready):
                     m.d.comb += read.eq(1)
                     m.next = "READ"
