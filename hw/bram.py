@@ -125,7 +125,10 @@ class RegisteredMemory(wiring.Component):
     A read with ``en`` high in cycle ``t`` gives row ``addr`` in cycle ``t + 2``; ``data``
     holds until the next read's data arrives, and through a reset (the output register of
     a block RAM is not reset). A read of a word written in the same cycle is undefined (on
-    a block RAM the two ports collide): callers forward their own writes or wait.
+    a block RAM the two ports collide): callers forward their own writes or wait, or ask
+    for ``transparent`` reads, which give the word written (the memory compares the
+    addresses into a register beside the address stage, and a 2:1 multiplexer after the
+    output register picks the written word).
 
     This is the project's own block (no library offers a registered-read memory for
     Amaranth). Every form is the same two registers:
@@ -147,6 +150,7 @@ class RegisteredMemory(wiring.Component):
     read_ports : names of the read ports.
     init : the words' initial values, for tests; only the plain form takes values other
         than zero (the NPU's memories start at zero, and so do the block RAMs here).
+    transparent : a read of the word written in the same cycle gives the word written.
 
     Attributes
     ----------
@@ -154,10 +158,11 @@ class RegisteredMemory(wiring.Component):
     <name> : ReadPort.Signature
         One per name in ``read_ports``; ``en`` is 1 when left undriven.
     """
-    def __init__(self, *, shape, depth, read_ports, init=()):
+    def __init__(self, *, shape, depth, read_ports, init=(), transparent=False):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, not {depth!r}")
         self.shape = shape
+        self.transparent = bool(transparent)
         self.depth = depth
         self.init = tuple(init)
         self.read_ports = tuple(read_ports)
@@ -178,6 +183,10 @@ class RegisteredMemory(wiring.Component):
         if ecp5:
             self._elaborate_ecp5(m)
             return m
+        self._elaborate_plain(m)
+        return m
+
+    def _elaborate_plain(self, m):
         m.submodules.array = memory = Memory(shape=self.shape, depth=self.depth,
                                               init=self.init)
         wiring.connect(m, wiring.flipped(self.write), memory.write_port())
@@ -190,8 +199,7 @@ class RegisteredMemory(wiring.Component):
             loaded = Signal(name=f"{name}_loaded")
             data = Signal.like(Value.cast(port.data), name=f"{name}_data", reset_less=True)
             m.d.sync += [loaded.eq(port.en), data.eq(Mux(loaded, raw.data, data))]
-            m.d.comb += Value.cast(port.data).eq(data)
-        return m
+            m.d.comb += Value.cast(port.data).eq(self._forward(m, name, port, loaded, data))
 
     def _elaborate_ecp5(self, m):
         width = Shape.cast(self.shape).width
@@ -225,4 +233,25 @@ class RegisteredMemory(wiring.Component):
                                        read_en=port.en, output_en=loaded)
                 for bank in range(1, banks):
                     data = Mux(selected == bank, bank_data[bank], data)
-            m.d.comb += Value.cast(port.data).eq(data)
+            m.d.comb += Value.cast(port.data).eq(self._forward(m, name, port, loaded, data))
+
+    def _forward(self, m, name, port, loaded, data):
+        """``data`` (the output register's word), or with ``transparent`` the word written
+        in the cycle of the read when the addresses were equal: the comparison and the
+        word pass two registers loaded as the address stage and the output register are,
+        and hold through a reset as the output register does."""
+        if not self.transparent:
+            return data
+        stages = []
+        for stage, enable in (("read", port.en), ("data", loaded)):
+            hit = Signal(name=f"{name}_{stage}_hit", reset_less=True)
+            word = Signal.like(data, name=f"{name}_{stage}_written", reset_less=True)
+            if not stages:
+                new_hit = self.write.en & (self.write.addr == port.addr)
+                new_word = self.write.data
+            else:
+                new_hit, new_word = stages[-1]
+            m.d.sync += [hit.eq(Mux(enable, new_hit, hit)), word.eq(Mux(enable, new_word, word))]
+            stages.append((hit, word))
+        hit, word = stages[-1]
+        return Mux(hit, word, data)

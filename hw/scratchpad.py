@@ -48,7 +48,11 @@ class Scratchpad(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.memory = memory = RegisteredMemory(
-            shape=8 * self.row_bytes, depth=self.depth, read_ports=("act", "weight"))
+            shape=8 * self.row_bytes, depth=self.depth, read_ports=("act", "weight"),
+            # The load unit writes a row from its registers a cycle after the DMA delivered
+            # it: a MATMUL or PRELOAD issued as the load ends reads its last row in the
+            # cycle of that write.
+            transparent=True)
         for name in ("write", "act", "weight"):
             wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(memory, name))
         return m

@@ -174,7 +174,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
     row_times = deque()
     read_done_at = 0
     # Load unit.
-    ld_busy = ld_sent = ld_writing = False
+    ld_busy = ld_sent = False
     ld_cmd = None                            # (addr, rows, row_bytes, stride)
     ld_local = ld_rows = 0
     # Weight loader.
@@ -304,20 +304,16 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             dec_valid = False
         level = next_level
 
-        # Reader. A LOAD_SPAD writes its last row from the load unit's registers a cycle
-        # after the reader's done, and stays busy until then.
-        if ld_writing:
-            ld_busy = ld_writing = False
+        # Reader.
         if read_done:
             reader_busy = False
             if reader_is_load:
-                ld_writing = True
+                ld_busy = False
         if grant is not None:
             reader_busy, reader_is_load = True, grant_load
             if grant_load:
                 ld_sent = True
-            # The fetcher's grant is registered: the reader takes it in the next cycle.
-            times, beats = _read_rows(t + 1, grant, bus, read_latency)
+            times, beats = _read_rows(t, grant, bus, read_latency)
             row_times.extend(times)
             read_done_at = times[-1]
             read_beats += beats

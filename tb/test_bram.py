@@ -34,14 +34,15 @@ MODELS = Path(__file__).resolve().parent / "models"
 
 # -- the contract --------------------------------------------------------------------------
 
-def reference(depth, ports, schedule):
+def reference(depth, ports, schedule, *, transparent=False):
     """The data each read port shows in each cycle of ``schedule``: a list of tuples, one
     per cycle, in the order of ``ports``.
 
     ``schedule`` has one entry a cycle: ``(write_en, write_addr, write_data, reads)`` with
     ``reads`` one ``(en, addr)`` per port. A read with ``en`` in cycle ``t`` shows the row as
     it is after the writes of the cycles before ``t``, from cycle ``t + 2`` until the next
-    read's row replaces it. Everything starts at zero."""
+    read's row replaces it; with ``transparent``, as it is after the write of cycle ``t``
+    too. Everything starts at zero."""
     memory = [0] * depth
     stage = [0] * ports          # the row each port's address stage read last
     loaded = [0] * ports         # the port read in the cycle before
@@ -49,6 +50,8 @@ def reference(depth, ports, schedule):
     seen = []
     for write_en, write_addr, write_data, reads in schedule:
         seen.append(tuple(shown))
+        if transparent and write_en:
+            memory[write_addr] = write_data
         for port, (en, addr) in enumerate(reads):
             if loaded[port]:
                 shown[port] = stage[port]
@@ -60,11 +63,12 @@ def reference(depth, ports, schedule):
     return seen
 
 
-def random_schedule(rng, *, width, depth, ports, cycles):
+def random_schedule(rng, *, width, depth, ports, cycles, collide=False):
     """``cycles`` of random traffic, then idle cycles until every read has shown: writes
     and reads on a pool of addresses small enough that reads find written rows (the first,
-    the last, both sides of every 512-row boundary, and random ones). A port never reads the
-    row written in the same cycle (undefined on a block RAM)."""
+    the last, both sides of every 512-row boundary, and random ones). Unless ``collide``, a
+    port never reads the row written in the same cycle (undefined on a block RAM); with it,
+    a port reads the row being written in a quarter of the cycles with a write."""
     pool = {0, depth - 1}
     for boundary in range(512, depth, 512):
         pool |= {boundary - 1, boundary}
@@ -78,7 +82,9 @@ def random_schedule(rng, *, width, depth, ports, cycles):
         reads = []
         for _ in range(ports):
             addr = rng.choice(pool)
-            while write_en and addr == write_addr:
+            if collide and write_en and rng.random() < 0.25:
+                addr = write_addr
+            while not collide and write_en and addr == write_addr:
                 addr = rng.choice(pool)
             reads.append((int(rng.random() < 0.6), addr))
         schedule.append((write_en, write_addr, write_data, reads))
@@ -222,10 +228,12 @@ class _PlainAndECP5(Elaboratable):
     """The plain and the ECP5 form of one memory, driven from one stimulus ROM (an entry of
     ``schedule`` per cycle); ``outputs`` are each port's data in each form, ``cycle`` the
     ROM's entry, ``done`` rises after the last."""
-    def __init__(self, *, width, depth, names, schedule):
+    def __init__(self, *, width, depth, names, schedule, transparent=False):
         self.names, self.schedule = names, schedule
-        self.plain = RegisteredMemory(shape=width, depth=depth, read_ports=names)
-        self.ecp5 = RegisteredMemory(shape=width, depth=depth, read_ports=names)
+        self.plain = RegisteredMemory(shape=width, depth=depth, read_ports=names,
+                                      transparent=transparent)
+        self.ecp5 = RegisteredMemory(shape=width, depth=depth, read_ports=names,
+                                     transparent=transparent)
         self.outputs = {f"{form}_{name}": Signal(width, name=f"{form}_{name}")
                         for form in ("plain", "ecp5") for name in names}
         self.cycle = Signal(16)
@@ -291,13 +299,14 @@ def _bench(names, width):
         ""])
 
 
-def run_pair(tmp_path, *, width, depth, names, schedule):
+def run_pair(tmp_path, *, width, depth, names, schedule, transparent=False):
     """The ECP5 form beside the plain form under Icarus on ``schedule``: for each form a
     list, one entry per cycle (from cycle 1), of each port's data as an int, or as the hex
     text Icarus printed where a bit is X or Z. Also returns the Verilog."""
     if shutil.which("iverilog") is None:
         pytest.fail("Icarus Verilog is not installed (apt-get install -y iverilog)")
-    pair = _PlainAndECP5(width=width, depth=depth, names=names, schedule=schedule)
+    pair = _PlainAndECP5(width=width, depth=depth, names=names, schedule=schedule,
+                         transparent=transparent)
     ports = {"cycle": (pair.cycle, None), "done": (pair.done, None)}
     ports.update({name: (signal, None) for name, signal in pair.outputs.items()})
     text = verilog.convert(pair, name="pair", platform=ECP5Target(), ports=ports,
@@ -384,6 +393,45 @@ def test_same_cycle_read_of_a_written_row_is_x(width, depth, tmp_path):
     assert plain[3] == (1, 0)                     # cycle 4: the plain form's old row
     assert isinstance(ecp5[3][0], str) and "x" in ecp5[3][0], ecp5
     assert ecp5[3][1] == 0
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("width, depth, names", [(64, 2048, ("act", "weight")),
+                                                 (36, 1536, ("a", "b"))])
+def test_transparent_reads_give_the_word_written(width, depth, names, tmp_path):
+    """``transparent``: random traffic in which a quarter of the reads that meet a write
+    read the row being written; both forms show the reference's data in every cycle (the
+    written word where the block RAM models give X), and without ``transparent`` the
+    comparison fails on that traffic."""
+    seed = 0xB7A0 + width + depth
+    print(f"seed {seed:#x}")
+    rng = random.Random(seed)
+    schedule = random_schedule(rng, width=width, depth=depth, ports=len(names), cycles=300,
+                               collide=True)
+    collisions = sum(1 for write_en, write_addr, _, reads in schedule
+                     for en, addr in reads if write_en and en and addr == write_addr)
+    assert collisions > 20, seed
+    want = reference(depth, len(names), schedule, transparent=True)[1:]
+    plain, ecp5, _ = run_pair(tmp_path, width=width, depth=depth, names=names,
+                              schedule=schedule, transparent=True)
+    assert _first_difference(plain, want) is None, (f"seed {seed:#x}: plain form",
+                                                    _first_difference(plain, want))
+    assert _first_difference(ecp5, want) is None, (f"seed {seed:#x}: ECP5 form",
+                                                   _first_difference(ecp5, want))
+    plain, ecp5, _ = run_pair(tmp_path, width=width, depth=depth, names=names,
+                              schedule=schedule)
+    assert _first_difference(plain, want) is not None
+    assert _first_difference(ecp5, want) is not None
+
+
+def test_transparent_read_holds_through_reset():
+    """A forwarded word holds through a reset, as the output register does."""
+    dut = RegisteredMemory(shape=8, depth=16, read_ports=("a",), transparent=True)
+    idle = [(0, 0)]
+    schedule = [(0, 0, 0, idle), (1, 3, 0x5A, [(1, 3)]), (0, 0, 0, idle), (0, 0, 0, idle),
+                (0, 0, 0, idle), (0, 0, 0, idle)]
+    seen = _simulate_plain(dut, ("a",), schedule, resets=(4,))
+    assert seen == [(0,), (0,), (0,), (0x5A,), (0x5A,), (0x5A,)]
 
 
 # -- mutants: broken ECP5 forms that the comparison must catch -----------------------------

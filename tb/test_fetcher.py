@@ -24,8 +24,8 @@ def word_at(addr):
 
 
 class Bench:
-    """Plays the DMA reader (``latency`` cycles from the fetcher's grant to its first row, a
-    row a cycle, ``done`` with the last row), the decoder and the issue stage around a fetcher, one
+    """Plays the DMA reader (``latency`` cycles from a command to its first row, a row a
+    cycle, ``done`` with the last row), the decoder and the issue stage around a fetcher, one
     cycle per :meth:`step`, keeping what the fetcher did and the count of words it must hold.
 
     The decoder is modelled as :mod:`hw.controller.decoder` builds it: a word on
@@ -51,15 +51,13 @@ class Bench:
         self.pipeline = deque()      # (cycle on ``words.word``, word): the stage and the queue
         self.head = None             # the decoder's head register
         self.ready_from = 0          # the reader refuses commands before this cycle
-        self.granted_at = None       # the cycle of the fetcher's last grant
         ctx.set(dut.control.prog_addr, PROG_ADDR)
         ctx.set(dut.control.prog_len, prog_len)
         ctx.set(dut.control.enable, 1)
 
     async def step(self, *, pop=False):
-        """One cycle, the issue stage popping the head if ``pop``; returns whether the
-        fetcher granted the reader in this cycle (the command is on ``reader.cmd`` in the
-        next) and ``flush`` of this cycle."""
+        """One cycle, the issue stage popping the head if ``pop``; returns
+        ``reader.cmd.valid`` and ``flush`` of this cycle."""
         ctx, dut, busy = self.ctx, self.dut, self.busy
         row = done = error = False
         if busy is not None and busy[4] == 0:
@@ -68,10 +66,7 @@ class Bench:
                 done = error = True
             else:
                 row, done = True, busy[3] == rows - 1
-        # The fetcher's grant is registered: the command it granted in the cycle before is
-        # on ``reader.cmd`` now, and the bench's reader took it then.
-        ctx.set(dut.reader.cmd.ready, self.cycle >= self.ready_from and
-                (busy is None or self.granted_at == self.cycle - 1))
+        ctx.set(dut.reader.cmd.ready, busy is None and self.cycle >= self.ready_from)
         ctx.set(dut.reader.row.valid, row)
         if row:
             ctx.set(dut.reader.row.payload, word_at(busy[0] + busy[3] * busy[2]))
@@ -83,8 +78,9 @@ class Bench:
         take = (bool(self.pipeline) and self.pipeline[0][0] <= self.cycle - 2 and
                 (self.head is None or pop))
         ctx.set(dut.words.taken, take)
-        flush = ctx.get(dut.words.flush)
+        cmd_valid, flush = ctx.get(dut.reader.cmd.valid), ctx.get(dut.words.flush)
         is_load = ctx.get(dut.load.cmd.ready) == 1
+        command = command_of(ctx, dut.reader.cmd)
         assert ctx.get(dut.load.row.valid) == (row and busy[5]), f"cycle {self.cycle}"
         assert ctx.get(dut.load.done) == (done and busy[5]), f"cycle {self.cycle}"
         assert ctx.get(dut.load.error) == error, f"cycle {self.cycle}"
@@ -100,9 +96,6 @@ class Bench:
                 f"cycle {self.cycle}: {word} for {self.word}"
         await ctx.tick()
         self.cycle += 1
-        # This cycle's grant, as the fetcher's command register holds it after the edge.
-        cmd_valid = ctx.get(dut.reader.cmd.valid)
-        command = command_of(ctx, dut.reader.cmd)
         fetched = (row or error) and not busy[5]
         if flush:
             self.held, self.word = 0, None
@@ -126,8 +119,7 @@ class Bench:
             busy[4] = max(busy[4] - 1, 0)
             if done:
                 self.busy = None
-        if cmd_valid:
-            self.granted_at = self.cycle - 1
+        if cmd_valid and ctx.get(dut.reader.cmd.ready):
             self.commands.append((self.cycle - 1, command, is_load))
             self.busy = [command[0], command[1], command[3], 0, self.latency, is_load,
                          self.load_fail_after if is_load else self.fail_after]
@@ -362,9 +354,9 @@ def test_refetch_waits_for_the_reader():
 
 def test_reader_not_ready_assert_fires():
     """Mutant: a reader that is not ready for a command while the fetcher counts it idle.
-    The fetcher takes a command as accepted the cycle it offers it (the DMA reader is idle
-    the cycle after its ``done``, so its ``cmd.ready`` need not be waited for, which would
-    be a long path on the FPGA); its assertion stops a simulation where that does not hold."""
+    The fetcher takes a command as accepted in the cycle it offers it (the DMA reader is
+    idle from the cycle after its ``done``, so its ``cmd.ready``, a long path on the FPGA,
+    is not waited for); its assertion stops a simulation where that does not hold."""
     async def body(ctx, dut, bench):
         await fill_one_batch(ctx, dut, bench)
         bench.ready_from = bench.cycle + 4

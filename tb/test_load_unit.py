@@ -71,16 +71,15 @@ def random_rows(count):
 def test_load_rows(to_acc):
     """The command from the cycle after the issue until it is taken, once; each row into
     local row ``local_addr + r``: to the accumulator in the cycle it comes, to the
-    scratchpad from registers in the cycle after; idle the cycle after ``done`` (a
-    LOAD_SPAD: the cycle after its last row's write)."""
+    scratchpad from registers in the cycle after; idle the cycle after ``done`` (as the
+    last row is written to the scratchpad)."""
     payloads = random_rows(3)
     word = (load_acc(5, 3, 12, 0x2000, 16) if to_acc else load_spad(5, 3, 3, 0x2000, 16))
     trace = run_load(word, payloads=payloads)
     command = (0x2000, 3, 12 if to_acc else 3, 16)
     assert column(trace, "cmd") == [0, command, command, command] + [0] * 10
-    busy_cycles = 9 if to_acc else 10
-    assert column(trace, "busy") == [(0, 0, 0)] + [(1, not to_acc, to_acc)] * busy_cycles + \
-        [(0, 0, 0)] * (13 - busy_cycles)
+    assert column(trace, "busy") == [(0, 0, 0)] + [(1, not to_acc, to_acc)] * 9 + \
+        [(0, 0, 0)] * 4
     # The scratchpad rows it writes, from the command's ``spad`` (empty for a LOAD_ACC).
     assert trace[1]["local"] == ((0, 0) if to_acc else (5, 8))
     writes = {6: 0, 7: 1, 9: 2}

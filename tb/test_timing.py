@@ -123,9 +123,8 @@ def test_model_takes_the_dram_latencies():
     base = predict(config, words, 0x40)
     assert base == predict(config, words, 0x40, read_latency=READ_LATENCY,
                            write_response_latency=WRITE_RESPONSE_LATENCY)
-    # Two cycles more than before the decoder checked words on their way into the queue,
-    # and one more since the fetcher's grant is registered (issue 16).
-    assert (base.cycles, base.perf["stall_fetch"], base.perf["stall_store"]) == (25, 11, 11)
+    # Two cycles more than before the decoder checked words on their way into the queue.
+    assert (base.cycles, base.perf["stall_fetch"], base.perf["stall_store"]) == (24, 10, 11)
     for extra in (1, 5):
         slow_read = predict(config, words, 0x40, read_latency=READ_LATENCY + extra)
         assert slow_read.perf == dict(base.perf, cycles=base.cycles + extra,

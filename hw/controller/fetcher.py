@@ -1,7 +1,7 @@
 """The fetcher: reads the program ahead for the decoder and its instruction queue, sharing
 the DMA reader with the load unit."""
 
-from amaranth.hdl import Assert, Module, Signal
+from amaranth.hdl import Assert, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -36,7 +36,8 @@ def FetchControlSignature():
     """The link from the issue stage to the fetcher, as the issue stage sees it.
 
     ``begin`` (a start): empty the queue and fetch from the first instruction of the program
-    at ``prog_addr`` (``prog_len`` instructions). ``enable``: fetching is allowed this cycle.
+    at ``prog_addr`` (``prog_len`` instructions; both hold the new program's values from
+    ``begin`` on). ``enable``: fetching is allowed this cycle.
     ``store_issued`` with the store's DRAM bytes ``[store_lo, store_hi)``: when they overlap
     the program, the fetcher drops what it fetched once ``store_busy`` falls and refetches
     from ``pc`` (``refetch`` is high until then). ``halt``: grant the reader to nobody.
@@ -103,7 +104,11 @@ class Fetcher(wiring.Component):
                            "instruction queue overflow")
         m.d.sync += held.eq(held + word_in - words.taken)
 
-        fetch_pc = Signal(32)        # index of the next instruction the fetcher delivers
+        # The next fetch, kept in registers as the fetcher moves on, so that no sum or
+        # comparison lies between the grant and the reader: the DRAM address of the next
+        # instruction it delivers, and the instructions left from it to the program's end.
+        fetch_addr = Signal(32)
+        fetch_left = Signal(32)
         fetch_stop = Signal()        # a fetch failed: the queue ends in its error entry
         refetch = Signal()           # a store over the program: refetch after it
         reader_busy = Signal()
@@ -118,40 +123,35 @@ class Fetcher(wiring.Component):
 
         # ------------------------------------------------------------ reader arbiter
         fetch_rows = Signal(range(FETCH_BURST + 1))
-        with m.If(control.prog_len - fetch_pc >= FETCH_BURST):
-            m.d.comb += fetch_rows.eq(FETCH_BURST)
-        with m.Else():
-            m.d.comb += fetch_rows.eq(control.prog_len - fetch_pc)
+        m.d.comb += fetch_rows.eq(Mux(fetch_left >= FETCH_BURST, FETCH_BURST, fetch_left))
         fetch_want = (control.enable & ~refetch & ~fetch_stop &
-                      (fetch_pc != control.prog_len) & (held <= self.high_water))
+                      (fetch_left != 0) & (held <= self.high_water))
         grant_fetch = Signal()
         grant_load = Signal()
-        # The grant is registered: the command leaves the fetcher from flip-flops, a cycle
-        # after the grant, so that no path runs from the issue stage through this arbiter
-        # into the DMA reader, which is placed far away (by the block RAMs its rows feed).
-        # The reader is idle from the cycle after its ``done`` (and after a reset), so the
-        # command is taken at once; the fetcher never waits for the reader's ``cmd.ready``
-        # (asserted below). The payload register loads every cycle: no enable to fan out.
+        # The reader is idle from the cycle after its ``done`` (and after a reset), so a
+        # command offered while ``reader_busy`` is low is taken at once: the fetcher does not
+        # wait for the reader's ``cmd.ready``, which comes from flip-flops placed by the DMA,
+        # far away (a path of 19 ns on the 85F). Asserted below.
         m.d.comb += control.reader_busy.eq(reader_busy)
         with m.If(~reader_busy & ~control.halt):
             with m.If(fetch_want & (~load.cmd.valid | (held < FETCH_LOW_WATER))):
                 m.d.comb += grant_fetch.eq(1)
             with m.Elif(load.cmd.valid):
                 m.d.comb += grant_load.eq(1)
-        m.d.sync += reader.cmd.valid.eq(grant_fetch | grant_load)
+        m.d.comb += reader.cmd.valid.eq(grant_fetch | grant_load)
         with m.If(grant_fetch):
-            m.d.sync += [
-                reader.cmd.payload.addr.eq(control.prog_addr + fetch_pc * INSTR_BYTES),
+            m.d.comb += [
+                reader.cmd.payload.addr.eq(fetch_addr),
                 reader.cmd.payload.rows.eq(fetch_rows),
                 reader.cmd.payload.row_bytes.eq(INSTR_BYTES),
                 reader.cmd.payload.stride.eq(INSTR_BYTES),
             ]
         with m.Else():
-            m.d.sync += reader.cmd.payload.eq(load.cmd.payload)
+            m.d.comb += reader.cmd.payload.eq(load.cmd.payload)
         m.d.comb += load.cmd.ready.eq(grant_load)
         m.d.sync += Assert(~reader.cmd.valid | reader.cmd.ready,
                            "the DMA reader is busy while the fetcher counts it idle")
-        with m.If(grant_fetch | grant_load):
+        with m.If(reader.cmd.valid):
             m.d.sync += [reader_busy.eq(1), reader_is_load.eq(grant_load)]
         with m.If(reader.done):
             m.d.sync += reader_busy.eq(0)
@@ -169,7 +169,7 @@ class Fetcher(wiring.Component):
         m.d.sync += [words.word.valid.eq(word_in), words.word.payload.bus_error.eq(0)]
         with m.If(fetching & reader.row.valid):
             m.d.comb += word_in.eq(1)
-            m.d.sync += [fetch_pc.eq(fetch_pc + 1),
+            m.d.sync += [fetch_addr.eq(fetch_addr + INSTR_BYTES), fetch_left.eq(fetch_left - 1),
                          words.word.payload.instr.eq(reader.row.payload)]
         with m.If(fetching & reader.done & reader.error):
             m.d.comb += word_in.eq(1)
@@ -178,11 +178,14 @@ class Fetcher(wiring.Component):
         # After a store over the program: drop what was fetched, read on from pc.
         with m.If(refetch & ~control.store_busy & ~reader_busy):
             m.d.comb += words.flush.eq(1)
-            m.d.sync += [refetch.eq(0), fetch_pc.eq(control.pc), fetch_stop.eq(0)]
+            m.d.sync += [refetch.eq(0), fetch_stop.eq(0),
+                         fetch_addr.eq(control.prog_addr + control.pc * INSTR_BYTES),
+                         fetch_left.eq(control.prog_len - control.pc)]
 
         with m.If(control.begin):
             m.d.comb += words.flush.eq(1)
-            m.d.sync += [fetch_pc.eq(0), fetch_stop.eq(0), refetch.eq(0)]
+            m.d.sync += [fetch_addr.eq(control.prog_addr), fetch_left.eq(control.prog_len),
+                         fetch_stop.eq(0), refetch.eq(0)]
         with m.If(words.flush):
             m.d.sync += [held.eq(0), words.word.valid.eq(0)]
         return m

@@ -273,8 +273,9 @@ class IssueStage(wiring.Component):
             self.fetch.enable.eq(running & ~stopping &
                                  ~(self.decoded.valid & (opcode == Opcode.END))),
             self.fetch.halt.eq(halting),
-            self.fetch.prog_addr.eq(prog_addr),
-            self.fetch.prog_len.eq(prog_len),
+            # In the cycle of begin, the host's registers as they are latched.
+            self.fetch.prog_addr.eq(Mux(self.fetch.begin, host.prog_addr, prog_addr)),
+            self.fetch.prog_len.eq(Mux(self.fetch.begin, host.prog_len, prog_len)),
             self.fetch.pc.eq(host.pc),
             self.fetch.store_issued.eq(self.store.cmd.valid),
             self.fetch.store_lo.eq(head.lo),

@@ -65,7 +65,6 @@ class LoadUnit(wiring.Component):
         busy = Signal()
         sent = Signal()              # the DMA command went out
         check = Signal()             # LOAD_QUANT: check the staged state in this cycle
-        writing = Signal()           # LOAD_SPAD: its last row is written in this cycle
         op = Signal(8)
         local = Signal(16)
         spad = Signal(RowRange)
@@ -116,7 +115,7 @@ class LoadUnit(wiring.Component):
                 ]
 
         m.d.comb += [
-            reader.cmd.valid.eq(busy & ~sent & ~check & ~writing),
+            reader.cmd.valid.eq(busy & ~sent & ~check),
             reader.cmd.payload.addr.eq(addr),
             reader.cmd.payload.rows.eq(rows),
             reader.cmd.payload.row_bytes.eq(row_bytes),
@@ -134,7 +133,8 @@ class LoadUnit(wiring.Component):
                     m.d.sync += staged_shifts.eq(reader.row.payload)
         # A scratchpad row is written from registers, a cycle after it arrives: the
         # reader's row flip-flops then stay by the reader, and these by the block RAMs.
-        # The unit stays busy for that cycle (``writing``).
+        # The last row is written in the cycle after ``done``, when the unit is idle: the
+        # scratchpad's reads are transparent, so a MATMUL or PRELOAD issued then reads it.
         m.d.sync += [
             self.spad.addr.eq(local + count),
             self.spad.data.eq(reader.row.payload),
@@ -153,12 +153,8 @@ class LoadUnit(wiring.Component):
                 m.d.sync += busy.eq(0)
             with m.Elif(op == Opcode.LOAD_QUANT):
                 m.d.sync += check.eq(1)
-            with m.Elif(op == Opcode.LOAD_SPAD):
-                m.d.sync += writing.eq(1)
             with m.Else():
                 m.d.sync += busy.eq(0)
-        with m.If(writing):
-            m.d.sync += [writing.eq(0), busy.eq(0)]
 
         # The operands are checked as the instruction issues: a zero point within
         # -128 .. 127 has bits 7 and up all equal to its sign. The rows are checked bit by bit:
