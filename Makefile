@@ -30,7 +30,7 @@ help:
 	@echo "make formal              bounded formal proofs of PE, array, DMA and the instruction queue (formal/)"
 	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F   ECP5 synthesis + place and route -> build/fpga/*/report.json"
 	@echo "make fpga-report         the ECP5 flow for FPGA_CONFIGS ($(FPGA_CONFIGS)) -> docs/fpga.md"
-	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC   a ULX3S bitstream (amaranth-boards)"
+	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC [CLOCK_MHZ=F]   a ULX3S bitstream (amaranth-boards), its PLL at or below F MHz"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,7 +98,7 @@ fpga-report: venv
 	$(PY) -m fpga report --configs $(FPGA_CONFIGS) --array-configs $(FPGA_ARRAY_CONFIGS) --device $(DEVICE) --out docs/fpga.md
 
 fpga-board: venv
-	$(PY) -m fpga board --config $(CONFIG) --board $(BOARD)
+	$(PY) -m fpga board --config $(CONFIG) --board $(BOARD) $(if $(CLOCK_MHZ),--clock-mhz $(CLOCK_MHZ))
 
 trace: venv
 	$(NPU) trace

