@@ -7,7 +7,9 @@ import json
 import sys
 
 from hw.config import NPUConfig
+from .board import CLOCK_MHZ, build_board
 from .flow import DEVICES, MAC_STYLES, TOPS, FlowError, FlowOptions, run
+from .report import ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, write_report
 
 
 def _config(name):
@@ -24,7 +26,28 @@ def _flow_arguments(parser):
     parser.add_argument("--mac", choices=MAC_STYLES, default="dsp",
                         help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
                              "of 'npu verilog', multipliers as Yosys infers them")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+
+
+def _names(text):
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _configs(text):
+    return [_config(name) for name in _names(text)]
+
+
+def _seeds(text):
+    try:
+        return tuple(int(seed) for seed in _names(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be comma-separated integers, not "
+                                         f"{text!r}") from None
+
+
+def _jobs(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"jobs must be a positive integer, not {text!r}")
+    return int(text)
 
 
 def main(argv=None):
@@ -34,26 +57,37 @@ def main(argv=None):
     one = commands.add_parser("run", help="synthesize, place and route one config")
     one.add_argument("--config", type=_config, default=NPUConfig.from_name("8x8"))
     _flow_arguments(one)
+    one.add_argument("--seed", type=int, default=FlowOptions.seed,
+                     help=f"nextpnr placement seed (default {FlowOptions.seed})")
     one.add_argument("--top", choices=TOPS, default="npu",
                      help="npu: the whole NPU (default); array, controller: that block alone")
     one.add_argument("--synth-only", action="store_true", help="stop after Yosys")
     one.add_argument("--json", action="store_true", help="print report.json")
 
     many = commands.add_parser("report", help="run several configs and write docs/fpga.md")
-    many.add_argument("--configs", default="4x4,8x8,10x10",
-                      help="comma-separated configs of the whole NPU (default 4x4,8x8,10x10)")
-    many.add_argument("--array-configs", default="4x4,8x8,12x12,16x16",
+    many.add_argument("--configs", type=_configs, default=",".join(NPU_CONFIGS),
+                      help="comma-separated configs of the whole NPU (default "
+                           f"{','.join(NPU_CONFIGS)})")
+    many.add_argument("--array-configs", type=_configs, default=",".join(ARRAY_CONFIGS),
                       help="comma-separated configs of the array alone (default "
-                           "4x4,8x8,12x12,16x16)")
+                           f"{','.join(ARRAY_CONFIGS)})")
     _flow_arguments(many)
+    many.add_argument("--seeds", type=_seeds, default=SEEDS,
+                      help="comma-separated nextpnr seeds: each for the whole NPU, the first "
+                           f"for the array alone (default {','.join(map(str, SEEDS))})")
+    many.add_argument("--jobs", type=_jobs, default=JOBS,
+                      help=f"runs at a time, in worker processes (default {JOBS})")
     many.add_argument("--out", default="docs/fpga.md", metavar="FILE")
     many.add_argument("--reuse", action="store_true",
-                      help="reuse a config's report.json when it was made with the same "
-                           "options (for editing the page)")
+                      help="reuse a run's report.json when it was made with the same "
+                           "options and seed (for editing the page)")
 
     board = commands.add_parser("board", help="bitstream for a real board (amaranth-boards)")
     board.add_argument("--config", type=_config, default=NPUConfig.from_name("8x8"))
     board.add_argument("--board", default="ulx3s-85f", help="ulx3s-25f, -45f or -85f")
+    board.add_argument("--clock-mhz", type=float, default=CLOCK_MHZ, metavar="MHZ",
+                       help="the NPU clock: the PLL makes the largest frequency it can at or "
+                            f"below this (default {CLOCK_MHZ:g})")
 
     arguments = parser.parse_args(argv)
     try:
@@ -67,20 +101,19 @@ def main(argv=None):
             if arguments.json:
                 print(json.dumps(report, indent=2))
         elif arguments.command == "report":
-            from .report import write_report
-            def configs(text):
-                return [_config(name.strip()) for name in text.split(",") if name.strip()]
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
-                                  mac=arguments.mac, seed=arguments.seed)
-            write_report(configs(arguments.configs), configs(arguments.array_configs),
-                         options, arguments.out, reuse=arguments.reuse)
+                                  mac=arguments.mac)
+            write_report(arguments.configs, arguments.array_configs, options, arguments.out,
+                         seeds=arguments.seeds, jobs=arguments.jobs, reuse=arguments.reuse)
         else:
-            from .board import build_board
-            build_board(arguments.config, arguments.board)
+            build_board(arguments.config, arguments.board, clock_mhz=arguments.clock_mhz)
     except (FlowError, ValueError) as error:
         print(f"fpga: error: {error}", file=sys.stderr)
         return 1
     return 0
 
 
-sys.exit(main())
+# The guard keeps the report's worker processes from running the command again, should
+# they ever import this module (they would under the "spawn" start method).
+if __name__ == "__main__":
+    sys.exit(main())

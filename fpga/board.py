@@ -1,10 +1,11 @@
 """A bitstream of the NPU for a real ECP5 board: the ULX3S, through ``amaranth-boards``.
 
 The board build is the out-of-context design (:class:`fpga.harness.ScanHarness` around the
-NPU, pipelined PEs on MULT18X18D) on the board's pins. The ``sync`` clock is 20 MHz from an
-EHXPLLL on the 25 MHz oscillator (divisors from ``ecppll -i 25 -o 20``), since the whole NPU
-does not reach 25 MHz yet (docs/fpga.md); the domain is held in reset until the PLL locks.
-The scan harness's pins are on the board's switches and LEDs:
+NPU, pipelined PEs on MULT18X18D) on the board's pins. The ``sync`` clock comes from an
+EHXPLLL on the board's 25 MHz oscillator: the largest frequency the PLL makes at or below
+the clock asked for (``--clock-mhz``, default :data:`CLOCK_MHZ`), with the divisors Project
+Trellis' ``ecppll`` would choose for it (:func:`fpga.pll.ecp5_pll`); the domain is held in
+reset until the PLL locks. The scan harness's pins are on the board's switches and LEDs:
 
 * ``switch 0``: ``scan_in``; ``switch 1``: ``scan_capture``; ``led 0``: ``scan_out``.
 
@@ -27,13 +28,17 @@ from hw.pe import ECP5_MAC_PIPELINE
 from hw.top import NPU
 from .flow import REPO_ROOT, FlowError
 from .harness import ScanHarness
+from .pll import ecp5_pll
 
 
-__all__ = ["BOARDS", "BoardTop", "build_board", "CLOCK_MHZ"]
+__all__ = ["BOARDS", "BoardTop", "board_pll", "build_board", "CLOCK_MHZ"]
 
 
-#: The board's NPU clock: the PLL below makes exactly this from 25 MHz.
-CLOCK_MHZ = 20
+#: The board's default NPU clock in MHz, what the PLL makes from the 25 MHz oscillator
+#: (exactly: ``tb/test_fpga.py`` checks it). It comes from docs/fpga.md: the whole 8x8 NPU's
+#: Fmax (44.6 MHz in the table, 42.12 MHz in the board's own place and route), rounded down;
+#: set it again when that figure changes.
+CLOCK_MHZ = 40
 
 
 def _npu_platform(base):
@@ -50,30 +55,49 @@ BOARDS = {
 }
 
 
+def board_pll(platform, clock_mhz=CLOCK_MHZ):
+    """The EHXPLLL setting for ``platform``'s oscillator (its default clock) that makes the
+    largest frequency at or below ``clock_mhz``."""
+    return ecp5_pll(platform.default_clk_frequency / 1e6, clock_mhz, at_most=True)
+
+
 class BoardTop(Elaboratable):
-    """The scan-harnessed NPU on the board's switches and LEDs."""
-    def __init__(self, config):
+    """The scan-harnessed NPU on the board's switches and LEDs.
+
+    Parameters
+    ----------
+    config : :class:`hw.config.NPUConfig`
+    pll : :class:`fpga.pll.PLLSetting`
+        The EHXPLLL setting, from the platform's default clock (:func:`board_pll`).
+    """
+    def __init__(self, config, pll):
         self.config = config
+        self.pll = pll
 
     def elaborate(self, platform):
         m = Module()
         m.domains.sync = sync = ClockDomain("sync")
-        oscillator = platform.request("clk25", 0)
+        oscillator = platform.request(platform.default_clk, 0)
         locked = Signal()
+        pll = self.pll
         m.submodules.pll = Instance(
             "EHXPLLL",
-            a_FREQUENCY_PIN_CLKI="25", a_FREQUENCY_PIN_CLKOP=str(CLOCK_MHZ),
+            # nextpnr takes CLKOP's frequency from these; the four after them are the
+            # loop-filter settings ecppll always writes.
+            a_FREQUENCY_PIN_CLKI=f"{pll.input_mhz:g}",
+            a_FREQUENCY_PIN_CLKOP=f"{pll.output_mhz:g}",
             a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1",
             a_MFG_GMCREF_SEL="2",
             p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
             p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
             p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD",
-            p_CLKI_DIV=5, p_CLKFB_DIV=4, p_CLKOP_ENABLE="ENABLED", p_CLKOP_DIV=30,
-            p_CLKOP_CPHASE=15, p_CLKOP_FPHASE=0, p_FEEDBK_PATH="CLKOP",
+            p_CLKI_DIV=pll.clki_div, p_CLKFB_DIV=pll.clkfb_div, p_CLKOP_ENABLE="ENABLED",
+            p_CLKOP_DIV=pll.clkop_div, p_CLKOP_CPHASE=pll.clkop_cphase,
+            p_CLKOP_FPHASE=pll.clkop_fphase, p_FEEDBK_PATH="CLKOP",
             i_RST=0, i_STDBY=0, i_CLKI=oscillator.i, o_CLKOP=sync.clk, i_CLKFB=sync.clk,
             i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
             i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
-        platform.add_clock_constraint(sync.clk, CLOCK_MHZ * 1e6)
+        platform.add_clock_constraint(sync.clk, pll.output_mhz * 1e6)
         m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
         m.submodules.harness = harness = ScanHarness(NPU(self.config), own_clock=False)
         scan_in = platform.request("switch", 0)
@@ -102,19 +126,24 @@ def _tool_environment():
     os.environ.setdefault("OPENFPGALOADER", "true")
 
 
-def build_board(config, board="ulx3s-85f", *, build_dir=None):
-    """Build the bitstream; returns the path of the ``.bit`` file."""
+def build_board(config, board="ulx3s-85f", *, clock_mhz=CLOCK_MHZ, build_dir=None):
+    """Build the bitstream, clocked at the largest frequency the PLL makes at or below
+    ``clock_mhz``; returns the path of the ``.bit`` file."""
     if board not in BOARDS:
         raise ValueError(f"board must be one of {', '.join(BOARDS)}, not {board!r}")
+    platform = BOARDS[board]()
+    pll = board_pll(platform, clock_mhz)
     _tool_environment()
     build_dir = Path(build_dir) if build_dir else (
         REPO_ROOT / "build" / "fpga" / f"board_{board}_{config.name}")
-    platform = BOARDS[board]()
     name = "npu"
     print(f"fpga: {config.name} for {board} ({platform.device}-{platform.speed}"
           f"{platform.package}), in {build_dir}")
+    print(f"fpga: EHXPLLL {pll.input_mhz:g} -> {pll.output_mhz:g} MHz (asked for "
+          f"{clock_mhz:g}): CLKI_DIV {pll.clki_div}, CLKFB_DIV {pll.clkfb_div}, CLKOP_DIV "
+          f"{pll.clkop_div}, CLKOP_CPHASE {pll.clkop_cphase}, VCO {pll.vco_mhz:g} MHz")
     try:
-        platform.build(BoardTop(config), name=name, build_dir=str(build_dir),
+        platform.build(BoardTop(config, pll), name=name, build_dir=str(build_dir),
                        do_program=False,
                        nextpnr_opts="--router router2 --timing-allow-fail",
                        synth_opts="-abc9")

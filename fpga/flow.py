@@ -35,7 +35,7 @@ from .harness import ScanHarness
 
 
 __all__ = ["DEVICES", "ECP5Target", "FlowError", "run", "elaborate", "synthesize",
-           "place_and_route", "read_report", "REPO_ROOT"]
+           "place_and_route", "read_report", "build_dir", "REPO_ROOT"]
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -254,6 +254,8 @@ def read_report(workdir):
 
 @dataclass
 class FlowOptions:
+    """How :func:`run` builds a config: device, clock constraint, MAC form, top, Yosys
+    options, nextpnr's router and placement seed, and whether to stop after synthesis."""
     device: str = "LFE5U-85F"
     frequency_mhz: float = 150.0
     mac: str = "dsp"
@@ -265,9 +267,16 @@ class FlowOptions:
     synth_only: bool = False
 
 
-def build_dir(config, device, mac, top="npu"):
-    suffix = "" if top == "npu" else f"_{top}"
-    return REPO_ROOT / "build" / "fpga" / f"{config.name}_{device}_{mac}{suffix}"
+def build_dir(config, device, mac, top="npu", seed=FlowOptions.seed):
+    """``build/fpga/<config>_<device>_<mac>[_<top>][_s<seed>]``: the top is named unless it
+    is the whole NPU, the seed unless it is the default one (so a run on it keeps the name
+    runs had before they took a seed)."""
+    name = f"{config.name}_{device}_{mac}"
+    if top != "npu":
+        name += f"_{top}"
+    if seed != FlowOptions.seed:
+        name += f"_s{seed}"
+    return REPO_ROOT / "build" / "fpga" / name
 
 
 def run(config, options=None, *, workdir=None, log=print):
@@ -279,7 +288,7 @@ def run(config, options=None, *, workdir=None, log=print):
     if options.device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {options.device!r}")
     workdir = Path(workdir) if workdir else build_dir(config, options.device, options.mac,
-                                                      options.top)
+                                                      options.top, options.seed)
     workdir.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()

