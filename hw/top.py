@@ -66,7 +66,8 @@ class NPU(wiring.Component):
 
         # A soft reset stops the units from starting bus transactions (the controller's
         # soft_reset_pending) and waits until the DMA has nothing outstanding, so that no
-        # transaction is cut in half; then it resets every block but the host registers.
+        # transaction is cut in half; then, a cycle later, it resets every block but the
+        # host registers (for two cycles: the pending flag is among what it resets).
         core_reset = Signal()
 
         def core(block):
@@ -84,7 +85,9 @@ class NPU(wiring.Component):
         m.submodules.accumulator = core(accumulator)
         m.submodules.array = core(array)
 
-        m.d.comb += core_reset.eq(controller.soft_reset_pending & dma.idle)
+        # Registered: it reaches every flip-flop of four blocks (nextpnr gives it a global
+        # net), and as a sum of the DMA's state it made every one of them a long path.
+        m.d.sync += core_reset.eq(controller.soft_reset_pending & dma.idle)
 
         # Bus traffic counters: data beats on the AXI4 master, from start to done or error.
         read_bytes = Signal(32)
