@@ -91,7 +91,8 @@ class AccumulatorMemory(wiring.Component):
         # S: the sum, written to the block RAM in this cycle. H1, H2: the two written before.
         stage = data.StructLayout({"valid": 1, "addr": ceil_log2(self.depth), "accumulate": 1})
         s1, s2, S, H1, H2 = (Signal(stage, name=n) for n in ("s1", "s2", "S", "H1", "H2"))
-        d1, d2, dS, dH1, dH2 = (Signal(row, name=f"{n}_data")
+        # The rows in flight have no reset: their stages' valid flags say which are real.
+        d1, d2, dS, dH1, dH2 = (Signal(row, name=f"{n}_data", reset_less=True)
                                 for n in ("s1", "s2", "S", "H1", "H2"))
         m.d.comb += [memory.old.addr.eq(self.write.addr), memory.old.en.eq(self.write.en)]
         m.d.sync += [

@@ -116,12 +116,18 @@ class PE(wiring.Component):
                                                                self.w_out)
         weight = Mux(self.commit_in, shadow, active)
 
+        # The data registers (activation, products, partial sum) have no reset: only the
+        # weights and the commit flag are state; what flows through is qualified by the
+        # array's valid flags. A reset would reach thousands of flip-flops (a long net).
+        a_out = Signal(signed(8), name="a_reg", reset_less=True)
+        psum_out = Signal(signed(32), name="psum_reg", reset_less=True)
+        m.d.comb += [self.a_out.eq(a_out), self.psum_out.eq(psum_out)]
         m.d.sync += [
-            self.a_out.eq(self.a_in),
+            a_out.eq(self.a_in),
             self.commit_out.eq(self.commit_in),
         ]
         if self.mac_pipeline == 0:
-            m.d.sync += self.psum_out.eq(self.psum_in + weight * self.a_in)
+            m.d.sync += psum_out.eq(self.psum_in + weight * self.a_in)
         with m.If(self.commit_in):
             m.d.sync += active.eq(shadow)
         with m.If(self.w_shift):
@@ -134,7 +140,7 @@ class PE(wiring.Component):
         # from L = 3 on, that first product stage is free. The multiplier takes up to two of
         # the other stages (its input and output registers); any left are plain registers.
         if self.mac_pipeline >= 3:
-            operands, stages = (self.a_out, active), self.mac_pipeline - 1
+            operands, stages = (a_out, active), self.mac_pipeline - 1
         else:
             operands, stages = (self.a_in, weight), self.mac_pipeline
         multiplier_stages = min(stages, 2)
@@ -144,15 +150,16 @@ class PE(wiring.Component):
         else:
             product = operands[0] * operands[1]
             for stage in range(multiplier_stages):
-                registered = Signal(signed(16), name=f"product_stage_{stage}")
+                registered = Signal(signed(16), name=f"product_stage_{stage}",
+                                    reset_less=True)
                 m.d.sync += registered.eq(product)
                 product = registered
             m.d.comb += value.eq(product)
         for stage in range(stages - multiplier_stages):
-            registered = Signal(signed(16), name=f"product_{stage}")
+            registered = Signal(signed(16), name=f"product_{stage}", reset_less=True)
             m.d.sync += registered.eq(value)
             value = registered
-        m.d.sync += self.psum_out.eq(self.psum_in + value)
+        m.d.sync += psum_out.eq(self.psum_in + value)
         return m
 
 

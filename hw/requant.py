@@ -140,7 +140,7 @@ class Requantizer(RowRequantizer):
     def _lane(self, m, lane, on_dsp):
         """The stages of one lane; returns the clamped value, to register as the result."""
         def stage(value, shape, name):
-            registered = Signal(shape, name=f"{name}_{lane}")
+            registered = Signal(shape, name=f"{name}_{lane}", reset_less=True)
             m.d.sync += registered.eq(value)
             return registered
 
@@ -177,7 +177,7 @@ class Requantizer(RowRequantizer):
                 ("low_high", ("x_low", "m_high"), signed(32)),
                 ("high_low", ("x_high", "m_low"), signed(32)),
                 ("high_high", ("x_high", "m_high"), signed(32))]:
-            product = Signal(shape, name=f"{name}_2_{lane}")
+            product = Signal(shape, name=f"{name}_2_{lane}", reset_less=True)
             if on_dsp:
                 mult18x18d(m, operands[a], operands[b], product, registered_inputs=False,
                            name=f"multiplier_{name}_{lane}")

@@ -123,7 +123,7 @@ class FloatRequantizer(RowRequantizer):
     def _lane(self, m, lane, on_dsp, bounds):
         """The stages of one lane; returns the clamped value, to register as the result."""
         def stage(value, shape, name):
-            registered = Signal(shape, name=f"{name}_{lane}")
+            registered = Signal(shape, name=f"{name}_{lane}", reset_less=True)
             m.d.sync += registered.eq(value)
             return registered
 
@@ -260,7 +260,7 @@ class FloatRequantizer(RowRequantizer):
                 ("low_high", halves_t["low"], halves_s["high"], 24),
                 ("high_low", halves_t["high"], halves_s["low"], 25),
                 ("high_high", halves_t["high"], halves_s["high"], 17)]:
-            product = Signal(unsigned(width), name=f"{name}_3_{lane}")
+            product = Signal(unsigned(width), name=f"{name}_3_{lane}", reset_less=True)
             if on_dsp:
                 mult18x18d(m, a, b, product, registered_inputs=False,
                            name=f"multiplier_{name}_{lane}")

@@ -111,7 +111,7 @@ class SystolicArray(wiring.Component):
         for i in range(self.rows):
             a, c = lanes[i], commit
             for stage in range(i):
-                a_next = Signal(signed(8), name=f"skew_a_{i}_{stage}")
+                a_next = Signal(signed(8), name=f"skew_a_{i}_{stage}", reset_less=True)
                 c_next = Signal(name=f"skew_commit_{i}_{stage}")
                 m.d.sync += [a_next.eq(a), c_next.eq(c)]
                 a, c = a_next, c_next
@@ -129,7 +129,7 @@ class SystolicArray(wiring.Component):
         for j in range(self.cols):
             psum = mesh.south[j]
             for stage in range(self.cols - 1 - max(j, pipeline)):
-                psum_next = Signal(signed(32), name=f"align_{j}_{stage}")
+                psum_next = Signal(signed(32), name=f"align_{j}_{stage}", reset_less=True)
                 m.d.sync += psum_next.eq(psum)
                 psum = psum_next
             m.d.comb += self.result.payload[j].eq(psum)

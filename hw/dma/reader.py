@@ -73,7 +73,7 @@ class DMAReader(wiring.Component):
         # of the command's rows; bytes no beat covers stay zero from the command on. The
         # row leaves from these flip-flops: no shifter and no comparison after them.
         row_words = ceil_div(self.row_bytes, bus_bytes)
-        row = Signal(data.ArrayLayout(8, row_words * bus_bytes))
+        row = Signal(data.ArrayLayout(8, row_words * bus_bytes), reset_less=True)  # zeroed per command
         byte_mask = Signal(self.row_bytes)
         beat_is = Signal(read_words)    # one-hot: the beat of the row that arrives next
         emit = Signal()

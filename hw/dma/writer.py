@@ -67,7 +67,8 @@ class DMAWriter(wiring.Component):
         w_last_beat = Signal()
         w_more_bursts = Signal()
         # The row's beats, the one on W at the bottom: each beat shifts them down a word.
-        w_data = Signal(data.ArrayLayout(self.data_width, write_words))
+        # (No reset on the data: it is loaded with each row, and wvalid says when it counts.)
+        w_data = Signal(data.ArrayLayout(self.data_width, write_words), reset_less=True)
         w_strb = Signal(data.ArrayLayout(bus_bytes, write_words))
         w_outstanding = Signal(20)   # bursts whose last beat went, awaiting their response
         w_none_outstanding = Signal(init=1)     # w_outstanding == 0, kept beside it
@@ -75,7 +76,7 @@ class DMAWriter(wiring.Component):
 
         # A row waiting while the row before it is written: the next row's address goes out
         # right after the last beat of the one before, without a cycle to take the row.
-        next_row = Signal(8 * self.row_bytes)
+        next_row = Signal(8 * self.row_bytes, reset_less=True)
         next_valid = Signal()
 
         wcmd = self.cmd.payload
