@@ -35,8 +35,11 @@ class RowRequantizer(wiring.Component):
         plain ``*``.
     """
     #: Cycles from ``valid`` to the row on ``result``, in both modes: the store unit waits
-    #: this long for every ``STORE_Q`` row.
-    latency = 7
+    #: this long for every ``STORE_Q`` row. The first is the input register (``acc`` as it
+    #: comes from the accumulator's block RAM, registered before any logic: the route from
+    #: the block RAM to the requantizers' DSPs was the whole NPU's longest path), then the
+    #: subclass's stages.
+    latency = 8
 
     def __init__(self, cols, parameters, *, dsp=True):
         if not isinstance(cols, int) or isinstance(cols, bool) or cols < 1:
@@ -62,6 +65,8 @@ class RowRequantizer(wiring.Component):
         # Only the row's valid flag and the result are held; the stages in between run
         # every cycle (as the MULT18X18D's registers do).
         valid = self.valid
+        self._acc_in = Signal.like(self.acc, name="acc_in", reset_less=True)
+        m.d.sync += self._acc_in.eq(self.acc)
         for stage in range(1, self.latency):
             registered = Signal(name=f"valid_{stage}")
             m.d.sync += registered.eq(valid)
@@ -144,7 +149,7 @@ class Requantizer(RowRequantizer):
             m.d.sync += registered.eq(value)
             return registered
 
-        acc = self.acc[lane]
+        acc = self._acc_in[lane]
         multiplier = self.multiplier[lane]
         shift = self.shift[lane]
 

@@ -132,7 +132,7 @@ class FloatRequantizer(RowRequantizer):
                 value = stage(value, shape, f"{name}_{number}")
             return value
 
-        acc = self.acc[lane]
+        acc = self._acc_in[lane]
         scale = self.scale[lane]
         exponent = scale[23:31]
         negative_scale = scale[31]

@@ -79,7 +79,7 @@ def _check(batches, design=FloatRequantizer, context=""):
 
 def test_latency_is_the_fixed_point_requantizers():
     """The store unit waits Requantizer.latency cycles in both modes."""
-    assert FloatRequantizer.latency == Requantizer.latency == 7
+    assert FloatRequantizer.latency == Requantizer.latency == 8
 
 
 # Every edge accumulator times every edge scale (one scale per lane), for clamps and zero

@@ -109,6 +109,12 @@ class Fetcher(wiring.Component):
         # instruction it delivers, and the instructions left from it to the program's end.
         fetch_addr = Signal(32)
         fetch_left = Signal(32)
+        fetch_left_next = Signal(32)
+        fetch_more = Signal()        # fetch_left != 0
+        fetch_full = Signal()        # fetch_left >= FETCH_BURST
+        m.d.comb += fetch_left_next.eq(fetch_left)
+        m.d.sync += [fetch_left.eq(fetch_left_next), fetch_more.eq(fetch_left_next != 0),
+                     fetch_full.eq(fetch_left_next >= FETCH_BURST)]
         fetch_stop = Signal()        # a fetch failed: the queue ends in its error entry
         refetch = Signal()           # a store over the program: refetch after it
         reader_busy = Signal()
@@ -123,9 +129,9 @@ class Fetcher(wiring.Component):
 
         # ------------------------------------------------------------ reader arbiter
         fetch_rows = Signal(range(FETCH_BURST + 1))
-        m.d.comb += fetch_rows.eq(Mux(fetch_left >= FETCH_BURST, FETCH_BURST, fetch_left))
+        m.d.comb += fetch_rows.eq(Mux(fetch_full, FETCH_BURST, fetch_left))
         fetch_want = (control.enable & ~refetch & ~fetch_stop &
-                      (fetch_left != 0) & (held <= self.high_water))
+                      fetch_more & (held <= self.high_water))
         grant_fetch = Signal()
         grant_load = Signal()
         # The reader is idle from the cycle after its ``done`` (and after a reset), so a
@@ -169,7 +175,8 @@ class Fetcher(wiring.Component):
         m.d.sync += [words.word.valid.eq(word_in), words.word.payload.bus_error.eq(0)]
         with m.If(fetching & reader.row.valid):
             m.d.comb += word_in.eq(1)
-            m.d.sync += [fetch_addr.eq(fetch_addr + INSTR_BYTES), fetch_left.eq(fetch_left - 1),
+            m.d.comb += fetch_left_next.eq(fetch_left - 1)
+            m.d.sync += [fetch_addr.eq(fetch_addr + INSTR_BYTES),
                          words.word.payload.instr.eq(reader.row.payload)]
         with m.If(fetching & reader.done & reader.error):
             m.d.comb += word_in.eq(1)
@@ -179,12 +186,13 @@ class Fetcher(wiring.Component):
         with m.If(refetch & ~control.store_busy & ~reader_busy):
             m.d.comb += words.flush.eq(1)
             m.d.sync += [refetch.eq(0), fetch_stop.eq(0),
-                         fetch_addr.eq(control.prog_addr + control.pc * INSTR_BYTES),
-                         fetch_left.eq(control.prog_len - control.pc)]
+                         fetch_addr.eq(control.prog_addr + control.pc * INSTR_BYTES)]
+            m.d.comb += fetch_left_next.eq(control.prog_len - control.pc)
 
         with m.If(control.begin):
             m.d.comb += words.flush.eq(1)
-            m.d.sync += [fetch_addr.eq(control.prog_addr), fetch_left.eq(control.prog_len),
+            m.d.comb += fetch_left_next.eq(control.prog_len)
+            m.d.sync += [fetch_addr.eq(control.prog_addr),
                          fetch_stop.eq(0), refetch.eq(0)]
         with m.If(words.flush):
             m.d.sync += [held.eq(0), words.word.valid.eq(0)]

@@ -70,10 +70,12 @@ class DMAReader(wiring.Component):
         stride = Signal(32)
         # The row as it is assembled: each beat goes into place as it arrives (rotated by
         # the row's offset into two neighbouring words of the row), masked with the bytes
-        # of the command's rows; bytes no beat covers stay zero from the command on. The
-        # row leaves from these flip-flops: no shifter and no comparison after them.
+        # of the command's rows; bytes no beat covers stay zero, as the row is cleared while
+        # the reader is idle (not at the command, whose acceptance would then enable every
+        # one of these flip-flops). The row leaves from these flip-flops: no shifter and no
+        # comparison after them.
         row_words = ceil_div(self.row_bytes, bus_bytes)
-        row = Signal(data.ArrayLayout(8, row_words * bus_bytes), reset_less=True)  # zeroed per command
+        row = Signal(data.ArrayLayout(8, row_words * bus_bytes), reset_less=True)
         byte_mask = Signal(self.row_bytes)
         beat_is = Signal(read_words)    # one-hot: the beat of the row that arrives next
         emit = Signal()
@@ -90,7 +92,7 @@ class DMAReader(wiring.Component):
                 r_active.eq(1), r_row_addr.eq(cmd.addr), r_rows_left.eq(cmd.rows),
                 r_beat.eq(0), r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
-                row.eq(0), beat_is.eq(1),
+                beat_is.eq(1),
             ]
             for byte in range(self.row_bytes):
                 m.d.sync += byte_mask[byte].eq(byte < cmd.row_bytes)
@@ -172,6 +174,8 @@ class DMAReader(wiring.Component):
                     for lane in range(bus_bytes):
                         m.d.comb += rotated[lane].eq(rdata[(lane + offset) % bus_bytes])
         m.d.sync += emit.eq(0)
+        with m.If(~ar_active & ~r_active & ~emit):
+            m.d.sync += row.eq(0)
         with m.If(r_fire & lengths.r_rdy & ~r_abort):
             for beat in range(read_words):
                 for lane in range(bus_bytes):
