@@ -111,9 +111,10 @@ class Requantizer(RowRequantizer):
 
     A row given with ``valid`` in cycle ``t`` is on ``result`` from cycle ``t + latency``
     until the next valid row has gone through; rows may follow each other in every cycle.
-    ``multiplier``, ``zero_point`` and the clamp bounds are read by later stages: they hold
-    while a row is in flight (the controller changes them only in ``LOAD_QUANT``, which
-    waits for the store unit).
+    ``multiplier``, ``zero_point`` and the clamp bounds are read by later stages, and the
+    left shift from a register loaded every cycle: they hold while a row is in flight and
+    are set at least a cycle before it (the controller changes them only in ``LOAD_QUANT``,
+    which waits for the store unit, whose ``STORE_Q`` rows start cycles later).
 
     Parameters
     ----------
@@ -155,8 +156,10 @@ class Requantizer(RowRequantizer):
 
         # 1: saturating left shift. The product fits 32 bits when the bits shifted past the
         # sign (acc >> (31 - left), and 31 - left is ~left) are all sign bits.
+        # The shift amounts are registered once: ``shift`` holds while rows are in flight
+        # (like ``multiplier``), and the store unit's state register is far from here.
         left = Signal(range(32), name=f"left_{lane}")
-        m.d.comb += left.eq(Mux(shift < 0, -shift, 0))
+        m.d.sync += left.eq(Mux(shift < 0, -shift, 0))
         high_bits = Signal(signed(32), name=f"high_bits_{lane}")
         m.d.comb += high_bits.eq(acc >> (~left)[:5])
         x = Signal(signed(32), name=f"x_{lane}")

@@ -156,7 +156,7 @@ class Decoder(wiring.Component):
         # Stage 1 -> 2: the product and everything beside it, in registers.
         stage = Signal(data.StructLayout({
             "valid": 1, "instr": Instruction, "bus_error": 1, "product": 48,
-            "base": signed(35), "lo": 32, "spad": RowRange, "acc": RowRange, "dram": 1,
+            "base": signed(35), "limit": signed(36), "lo": 32, "spad": RowRange, "acc": RowRange, "dram": 1,
             "check": 8}))
         m.d.sync += [
             stage.valid.eq(words.word.valid),
@@ -164,6 +164,9 @@ class Decoder(wiring.Component):
             stage.bus_error.eq(words.word.payload.bus_error),
             stage.product.eq(product),
             stage.base.eq(base),
+            # 2**32 - base, for the range check of stage 2 (a subtraction there would put
+            # two carry chains in a row between the stage register and the queue).
+            stage.limit.eq((1 << 32) - base),
             stage.lo.eq(lo),
             stage.spad.eq(spad),
             stage.acc.eq(acc),
@@ -179,9 +182,7 @@ class Decoder(wiring.Component):
         queue = fifo.SyncFIFO(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH)
         m.submodules.queue = ResetInserter(flush)(queue)
         entry = Signal(Decoded)
-        dram_limit = Signal(signed(35))
         m.d.comb += [
-            dram_limit.eq((1 << 32) - stage.base),
             entry.instr.eq(stage.instr),
             entry.lo.eq(stage.lo),
             entry.spad.eq(stage.spad),
@@ -192,7 +193,7 @@ class Decoder(wiring.Component):
             queue.w_data.eq(entry),
             queue.w_en.eq(stage.valid),
         ]
-        with m.If((stage.check == 0) & stage.dram & (stage.product > dram_limit)):
+        with m.If((stage.check == 0) & stage.dram & (stage.product > stage.limit)):
             m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
 
         # The queue's head waits in a register until the issue stage takes it.
