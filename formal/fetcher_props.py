@@ -23,8 +23,9 @@ class FetcherProperties(Elaboratable):
     * the issue stage's controls (``begin``, ``enable``, ``halt``, ``pc`` up to ``prog_len``,
       stores over the program and ``store_busy``) are ``AnySeq``; the program
       (``prog_addr``, ``prog_len`` up to 64 instructions) is ``AnyConst``;
-    * the DMA reader takes a command whenever it likes (``ready`` free), then delivers the
-      rows it asked for, at most one a cycle, at any pace, and ends with ``done`` on the last
+    * the DMA reader takes a command as soon as it is idle (as :class:`hw.dma.DMA`'s reader
+      does from the cycle after its ``done``; the fetcher relies on it and asserts it), then
+      delivers the rows it asked for, at most one a cycle, at any pace, and ends with ``done`` on the last
       one, or earlier with ``error`` (a bus error ends a command early);
     * the load unit offers any command (held until taken, at least one row);
     * the decoder: a word enters its queue two cycles after the fetcher delivers it (one
@@ -78,7 +79,7 @@ class FetcherProperties(Elaboratable):
         rows_left = Signal(16)
         row = Signal()
         error = Signal()
-        m.d.comb += [reader.cmd.ready.eq(AnySeq(1) & (rows_left == 0)),
+        m.d.comb += [reader.cmd.ready.eq(rows_left == 0),
                      row.eq(AnySeq(1) & (rows_left != 0)), error.eq(AnySeq(1) & (rows_left != 0))]
         m.d.comb += [
             reader.row.valid.eq(row & ~error),

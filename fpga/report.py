@@ -412,32 +412,18 @@ def _boards():
 _STATIC = """\
 ## What limits the figures
 
-* **The whole NPU is limited by the blocks around the array, not by the array.** The
-  requantizer is seven stages deep (`Requantizer.latency`: at most one wide shift, multiply,
-  add or clamp a stage, its partial products on MULT18X18D with output registers), the
-  decode stage sums a block's DRAM end right after its product, the DMA forms a burst's
-  three possible ends side by side and the earliest-error choice compares pcs side by
-  side; plain programs keep their cycle timing exactly (only `STORE_Q` takes five cycles
-  more a row). What is left in the 4x4 build is the decode stage itself: the instruction
-  queue's distributed-RAM read, the 16 x 32 bounds product on a MULT18X18D without
-  registers (3.9 ns in the DSP, and long routes to and from the DSP row), its partial sum
-  and the DRAM range check, into the decode registers, about 21 ns. Cutting it with the
-  same timing needs the bounds before the instruction reaches the queue's head (a second
-  queue of bounds computed in the cycle after each instruction is written, the DSP's input
-  registers taking the word as it is written; the head takes its bounds from that queue, or
-  from the DSP when it was written in the cycle before). How much that would give was
-  measured on 2026-12-02 with an experiment that is not in the tree (the decode stage's
-  product and base simply registered, which is functionally wrong but has the netlist's
-  shape): the whole 8x8 NPU went from 44.6 to 50.8 MHz, and the worst path became the next
-  limit, the block RAMs: a DP16KD without its output register takes 5.8 ns from clock to
-  data, and the accumulator's read-modify-write (read, 32-bit add, write back) took 19.7
-  ns in all. The activations from the scratchpad and the requantizer's first stage start
-  at a block RAM too. The DP16KD output register would lift that,
-  but it makes every scratchpad and accumulator read a cycle longer, which changes the
-  timing of plain programs (MATMUL, PRELOAD, STORE); so would the DMA's row shifters spread
-  over two or three cycles. 150 MHz needs those changes in the design's own timing
-  (`hw/controller/`, `hw/dma/`, `hw/scratchpad.py`, `hw/accumulator.py`), which `fpga/`
-  does not make.
+* **The whole NPU is limited by the paths between its blocks, not by the array.** Every
+  block RAM is read through its output register, the accumulator's read-modify-write is a
+  pipeline with forwarding, the requantizers register their input and each of their seven
+  stages holds at most one wide shift, multiply, add or clamp, the issue stage compares a
+  cycle ahead, and no reset reaches a data register that a valid flag qualifies (the core
+  reset, itself registered, reaches only state). What is left are paths of two or three
+  routes of 3 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
+  columns spread the design over the die), with a few LUTs between them: the store unit's
+  row into the DMA writer's shifter, the issue decision into the decoder's head register
+  and the units, the fetcher's grant into the DMA reader. Each needs a register at the
+  boundary, which for the store row and the issue decision is a cycle of latency that the
+  cycle model must follow and the utilization table must afford (docs/performance.md).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
@@ -521,7 +507,7 @@ own Trellis build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf
 `npu.tim`, the nextpnr log with its timing). It is the same harnessed NPU with the same
 MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
 oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 40 MHz, below the whole 8x8 NPU's Fmax; the board's own place and route
+`fpga/board.py`, 50 MHz, below the whole 8x8 NPU's Fmax on both seeds of `7dc5d4a`; the board's own place and route
 reports its Fmax at the end of this page), with the divisors Project Trellis' `ecppll` would
 choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
 design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
