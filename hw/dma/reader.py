@@ -76,6 +76,9 @@ class DMAReader(wiring.Component):
         # comparison after them.
         row_words = ceil_div(self.row_bytes, bus_bytes)
         row = Signal(data.ArrayLayout(8, row_words * bus_bytes), reset_less=True)
+        # The bytes of the command's rows, from its registered row_bytes in the cycle after
+        # the command (no enable, and no path from the command's source): the first beat
+        # comes at least a cycle after the first address, which leaves the cycle after that.
         byte_mask = Signal(self.row_bytes)
         beat_is = Signal(read_words)    # one-hot: the beat of the row that arrives next
         emit = Signal()
@@ -94,8 +97,6 @@ class DMAReader(wiring.Component):
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
                 beat_is.eq(1),
             ]
-            for byte in range(self.row_bytes):
-                m.d.sync += byte_mask[byte].eq(byte < cmd.row_bytes)
 
         # The arlen of every burst asked for and not yet received, oldest first: its depth
         # bounds the reads outstanding.
@@ -174,6 +175,8 @@ class DMAReader(wiring.Component):
                     for lane in range(bus_bytes):
                         m.d.comb += rotated[lane].eq(rdata[(lane + offset) % bus_bytes])
         m.d.sync += emit.eq(0)
+        for byte in range(self.row_bytes):
+            m.d.sync += byte_mask[byte].eq(byte < row_bytes)
         with m.If(~ar_active & ~r_active & ~emit):
             m.d.sync += row.eq(0)
         with m.If(r_fire & lengths.r_rdy & ~r_abort):
