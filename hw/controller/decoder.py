@@ -156,7 +156,8 @@ class Decoder(wiring.Component):
         # Stage 1 -> 2: the product and everything beside it, in registers.
         stage = Signal(data.StructLayout({
             "valid": 1, "instr": Instruction, "bus_error": 1, "product": 48,
-            "base": signed(35), "limit": signed(36), "lo": 32, "spad": RowRange, "acc": RowRange, "dram": 1,
+            "base": signed(35), "limit": signed(36), "lo": 32, "spad": RowRange,
+            "acc": RowRange, "dram": 1,
             "check": 8}))
         m.d.sync += [
             stage.valid.eq(words.word.valid),

@@ -84,7 +84,7 @@ class DMAReader(wiring.Component):
         emit = Signal()
         emit_last = Signal()
 
-        m.d.comb += self.cmd.ready.eq(~ar_active & ~r_active & ~emit)
+        m.d.comb += [self.idle.eq(~ar_active & ~r_active & ~emit), self.cmd.ready.eq(self.idle)]
 
         cmd = self.cmd.payload
         first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
@@ -177,7 +177,7 @@ class DMAReader(wiring.Component):
         m.d.sync += emit.eq(0)
         for byte in range(self.row_bytes):
             m.d.sync += byte_mask[byte].eq(byte < row_bytes)
-        with m.If(~ar_active & ~r_active & ~emit):
+        with m.If(self.idle):
             m.d.sync += row.eq(0)
         with m.If(r_fire & lengths.r_rdy & ~r_abort):
             for beat in range(read_words):
@@ -210,5 +210,4 @@ class DMAReader(wiring.Component):
             self.done.eq((emit & emit_last) | drained),
             self.error.eq(r_error),
         ]
-        m.d.comb += self.idle.eq(~ar_active & ~r_active & ~emit)
         return m
