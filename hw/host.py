@@ -28,8 +28,8 @@ class HostInterface(wiring.Component):
     bus : In(AXI4LiteSignature(addr_width=8))
         The slave port.
     ctrl : In(HostLinkSignature())
-        To the controller: ``start`` and ``soft_reset`` are one-cycle pulses from a write of
-        ``CONTROL``, ``prog_addr`` and ``prog_len`` the program registers (a write while
+        To the controller: ``start`` and ``soft_reset`` are one-cycle pulses in the cycle after
+        the write of ``CONTROL`` is taken (with its response), ``prog_addr`` and ``prog_len`` the program registers (a write while
         busy changes them for the next start only: the controller latched them at start);
         the status, counters and performance counters come back.
     read_bytes, write_bytes : In(32)
@@ -52,6 +52,12 @@ class HostInterface(wiring.Component):
 
         # Writes: take address and data together, answer, then accept the next.
         write_ack = Signal()
+        # CONTROL's pulses come from flip-flops, a cycle after the write (with its response):
+        # start fans out to the controller's run state and counters across the die.
+        start = Signal()
+        soft_reset = Signal()
+        m.d.sync += [start.eq(0), soft_reset.eq(0)]
+        m.d.comb += [ctrl.start.eq(start), ctrl.soft_reset.eq(soft_reset)]
         m.d.comb += [
             bus.awready.eq(bus.awvalid & bus.wvalid & ~write_ack),
             bus.wready.eq(bus.awvalid & bus.wvalid & ~write_ack),
@@ -65,9 +71,9 @@ class HostInterface(wiring.Component):
             with m.Switch(bus.awaddr[2:8]):
                 with m.Case(Reg.CONTROL >> 2):
                     with m.If(bus.wstrb[0]):
-                        m.d.comb += [
-                            ctrl.start.eq((bus.wdata & Control.START).any()),
-                            ctrl.soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
+                        m.d.sync += [
+                            start.eq((bus.wdata & Control.START).any()),
+                            soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
                         ]
                 with m.Case(Reg.PROG_ADDR >> 2):
                     for lane in range(4):
