@@ -12,7 +12,33 @@ from .fetcher import WordsSignature
 from .signatures import RowRange
 
 
-__all__ = ["Decoder", "Decoded", "NextHeadSignature"]
+__all__ = ["Decoder", "Decoded", "Kind", "KIND_OPCODES", "NextHeadSignature"]
+
+
+#: The opcodes of each :class:`Kind` flag: what the issue stage asks of an instruction.
+KIND_OPCODES = {
+    "end":        (Opcode.END,),
+    "load_spad":  (Opcode.LOAD_SPAD,),
+    "load_acc":   (Opcode.LOAD_ACC,),
+    "load_quant": (Opcode.LOAD_QUANT,),
+    "preload":    (Opcode.PRELOAD,),
+    "matmul":     (Opcode.MATMUL,),
+    "store":      (Opcode.STORE, Opcode.STORE_Q),
+}
+
+
+class Kind(data.Struct):
+    """An instruction's opcode decoded before the queue (one flag of :data:`KIND_OPCODES`
+    at most), and ``faulty``: its fetch failed or its check did not pass. The issue stage's
+    decision then starts from these flip-flops, not from comparisons of the opcode."""
+    end:        1
+    load_spad:  1
+    load_acc:   1
+    load_quant: 1
+    preload:    1
+    matmul:     1
+    store:      1
+    faulty:     1
 
 
 class Decoded(data.Struct):
@@ -26,6 +52,7 @@ class Decoded(data.Struct):
     acc:       RowRange   #: the accumulator rows it touches
     check:     8
     bus_error: 1
+    kind:      Kind
 
 
 def NextHeadSignature():
@@ -196,6 +223,10 @@ class Decoder(wiring.Component):
         ]
         with m.If((stage.check == 0) & stage.dram & (stage.product > stage.limit)):
             m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
+        for name, opcodes in KIND_OPCODES.items():
+            m.d.comb += entry.kind[name].eq(Cat(*[stage.instr.opcode == op
+                                                  for op in opcodes]).any())
+        m.d.comb += entry.kind.faulty.eq(stage.bus_error | (entry.check != 0))
 
         # The queue's head waits in a register until the issue stage takes it.
         with m.If(self.decoded.ready):

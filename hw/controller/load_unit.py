@@ -82,10 +82,13 @@ class LoadUnit(wiring.Component):
         staged_multipliers = Signal(lanes32)
         staged_shifts = Signal(lanes32)
 
+        # The opcode's two kinds the issue stage asks about, decoded as ``op`` is loaded.
+        op_spad = Signal()
+        op_acc = Signal()
         m.d.comb += [
             status.busy.eq(busy),
-            status.to_spad.eq(busy & (op == Opcode.LOAD_SPAD)),
-            status.to_acc.eq(busy & (op == Opcode.LOAD_ACC)),
+            status.to_spad.eq(busy & op_spad),
+            status.to_acc.eq(busy & op_acc),
             status.spad.eq(spad),
             status.follows.eq(~busy),
             fault.pc.eq(pc),
@@ -97,7 +100,9 @@ class LoadUnit(wiring.Component):
         with m.If(cmd.valid):
             m.d.sync += busy.eq(1)
         with m.If(~busy):
-            m.d.sync += [sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
+            m.d.sync += [sent.eq(0), op.eq(issued.opcode), op_spad.eq(issued.opcode ==
+                                                                  Opcode.LOAD_SPAD),
+                         op_acc.eq(issued.opcode == Opcode.LOAD_ACC), pc.eq(cmd.payload.pc),
                          count.eq(0), spad.eq(cmd.payload.spad)]
             with m.If(issued.opcode == Opcode.LOAD_QUANT):
                 quant = issued.args.quant
