@@ -273,15 +273,17 @@ class IssueStage(wiring.Component):
             for b, (_, _, pc_b) in enumerate(candidates[:a]):
                 below[a, b] = Signal(name=f"error_pc_below_{a}_{b}")
                 m.d.comb += below[a, b].eq(pc_a < pc_b)
-        best_valid, best_code, best_pc = 0, 0, 0
-        for k, (valid_k, code_k, pc_k) in reversed(list(enumerate(candidates))):
+        # At most one candidate wins: the winner's code and pc are an AND-OR of all, not a
+        # chain of multiplexers.
+        best_valid = Cat(*[valid for valid, _, _ in candidates]).any()
+        best_code, best_pc = 0, 0
+        for k, (valid_k, code_k, pc_k) in enumerate(candidates):
             beaten_by = [candidates[j][0] & ~below[k, j] for j in range(k)]       # pc_j <= pc_k
             beaten_by += [candidates[j][0] & below[j, k] for j in range(k + 1, len(candidates))]
             wins = Signal(name=f"error_candidate_{k}_wins")
             m.d.comb += wins.eq(valid_k & ~Cat(*beaten_by).any())
-            best_valid = wins | best_valid
-            best_code = Mux(wins, code_k, best_code)
-            best_pc = Mux(wins, pc_k, best_pc)
+            best_code = best_code | Mux(wins, code_k, 0)
+            best_pc = best_pc | Mux(wins, pc_k, 0)
         with m.If(running):
             m.d.sync += [stopping.eq(best_valid), stop_code.eq(best_code),
                          stop_pc.eq(best_pc)]
