@@ -152,10 +152,16 @@ class LoadUnit(wiring.Component):
             self.acc.en.eq(reader.row.valid & (op == Opcode.LOAD_ACC)),
         ]
 
+        # A failed read is reported from a flip-flop, a cycle after the reader's ``done``
+        # (the unit stays busy for it): the fault goes on to the issue stage's arbiter.
+        read_failed = Signal()
+        m.d.sync += read_failed.eq(0)
+        with m.If(read_failed):
+            m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_READ)]
+            m.d.sync += busy.eq(0)
         with m.If(reader.done):
             with m.If(reader.error):
-                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_READ)]
-                m.d.sync += busy.eq(0)
+                m.d.sync += read_failed.eq(1)
             with m.Elif(op == Opcode.LOAD_QUANT):
                 m.d.sync += check.eq(1)
             with m.Else():
@@ -182,11 +188,17 @@ class LoadUnit(wiring.Component):
         not_finite = Cat(*[lane[23:31].all() for lane in staged_multipliers]).any()
         bad_rows = Mux(mode == QuantMode.FLOAT, not_finite | (staged_shifts.as_value() != 0),
                        shift_out_of_range)
+        # The verdict, registered in the cycle of the check, ends the instruction in the next:
+        # a fault from a flip-flop, or the state delivered.
         deliver = Signal()
-        m.d.sync += deliver.eq(0)
+        judged = Signal()
+        rejected = Signal()
+        m.d.sync += [deliver.eq(0), judged.eq(0)]
         with m.If(check):
-            m.d.sync += [check.eq(0), busy.eq(0)]
-            with m.If(operands_bad | bad_rows):
+            m.d.sync += [check.eq(0), judged.eq(1), rejected.eq(operands_bad | bad_rows)]
+        with m.If(judged):
+            m.d.sync += busy.eq(0)
+            with m.If(rejected):
                 m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
             with m.Else():
                 m.d.sync += deliver.eq(1)

@@ -170,9 +170,15 @@ class StoreUnit(wiring.Component):
                         m.d.comb += read.eq(1)
                         m.next = "READ"
             with m.State("WAIT"):
+                # A failed write is reported from the state register, a cycle later.
                 with m.If(writer.done):
-                    m.d.comb += [fault.valid.eq(writer.error), fault.code.eq(ErrorCode.BUS_WRITE)]
-                    m.next = "IDLE"
+                    with m.If(writer.error):
+                        m.next = "FAILED"
+                    with m.Else():
+                        m.next = "IDLE"
+            with m.State("FAILED"):
+                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_WRITE)]
+                m.next = "IDLE"
         m.d.comb += [idle.eq(fsm.ongoing("IDLE")), status.busy.eq(~idle),
                      status.follows.eq(idle)]
         return m
