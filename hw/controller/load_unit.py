@@ -65,7 +65,6 @@ class LoadUnit(wiring.Component):
         busy = Signal()
         sent = Signal()              # the DMA command went out
         check = Signal()             # LOAD_QUANT: check the staged state in this cycle
-        op = Signal(8)
         local = Signal(16)
         spad = Signal(RowRange)
         rows = Signal(16)
@@ -82,9 +81,11 @@ class LoadUnit(wiring.Component):
         staged_multipliers = Signal(lanes32)
         staged_shifts = Signal(lanes32)
 
-        # The opcode's two kinds the issue stage asks about, decoded as ``op`` is loaded.
+        # The opcode, decoded as the registers follow the head: the kinds the issue stage
+        # asks about, and what each row arriving does.
         op_spad = Signal()
         op_acc = Signal()
+        op_quant = Signal()
         m.d.comb += [
             status.busy.eq(busy),
             status.to_spad.eq(busy & op_spad),
@@ -100,9 +101,9 @@ class LoadUnit(wiring.Component):
         with m.If(cmd.valid):
             m.d.sync += busy.eq(1)
         with m.If(~busy):
-            m.d.sync += [sent.eq(0), op.eq(issued.opcode), op_spad.eq(issued.opcode ==
-                                                                  Opcode.LOAD_SPAD),
-                         op_acc.eq(issued.opcode == Opcode.LOAD_ACC), pc.eq(cmd.payload.pc),
+            m.d.sync += [sent.eq(0), op_spad.eq(issued.opcode == Opcode.LOAD_SPAD),
+                         op_acc.eq(issued.opcode == Opcode.LOAD_ACC),
+                         op_quant.eq(issued.opcode == Opcode.LOAD_QUANT), pc.eq(cmd.payload.pc),
                          count.eq(0), spad.eq(cmd.payload.spad)]
             with m.If(issued.opcode == Opcode.LOAD_QUANT):
                 quant = issued.args.quant
@@ -131,7 +132,7 @@ class LoadUnit(wiring.Component):
 
         with m.If(reader.row.valid):
             m.d.sync += count.eq(count + 1)
-            with m.If(op == Opcode.LOAD_QUANT):
+            with m.If(op_quant):
                 with m.If(count == 0):
                     m.d.sync += staged_multipliers.eq(reader.row.payload)
                 with m.Else():
@@ -143,13 +144,13 @@ class LoadUnit(wiring.Component):
         m.d.sync += [
             self.spad.addr.eq(local + count),
             self.spad.data.eq(reader.row.payload),
-            self.spad.en.eq(reader.row.valid & (op == Opcode.LOAD_SPAD)),
+            self.spad.en.eq(reader.row.valid & op_spad),
         ]
         m.d.comb += [
             self.acc.addr.eq(local + count),
             self.acc.data.eq(reader.row.payload),
             self.acc.accumulate.eq(0),
-            self.acc.en.eq(reader.row.valid & (op == Opcode.LOAD_ACC)),
+            self.acc.en.eq(reader.row.valid & op_acc),
         ]
 
         # A failed read is reported from a flip-flop, a cycle after the reader's ``done``
@@ -162,7 +163,7 @@ class LoadUnit(wiring.Component):
         with m.If(reader.done):
             with m.If(reader.error):
                 m.d.sync += read_failed.eq(1)
-            with m.Elif(op == Opcode.LOAD_QUANT):
+            with m.Elif(op_quant):
                 m.d.sync += check.eq(1)
             with m.Else():
                 m.d.sync += busy.eq(0)
