@@ -416,14 +416,17 @@ _STATIC = """\
   block RAM is read through its output register, the accumulator's read-modify-write is a
   pipeline with forwarding, the requantizers register their input and each of their seven
   stages holds at most one wide shift, multiply, add or clamp, the issue stage compares a
-  cycle ahead, and no reset reaches a data register that a valid flag qualifies (the core
-  reset, itself registered, reaches only state). What is left are paths of two or three
-  routes of 3 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
-  columns spread the design over the die), with a few LUTs between them: the store unit's
-  row into the DMA writer's shifter, the issue decision into the decoder's head register
-  and the units, the fetcher's grant into the DMA reader. Each needs a register at the
-  boundary, which for the store row and the issue decision is a cycle of latency that the
-  cycle model must follow and the utilization table must afford (docs/performance.md).
+  cycle ahead from flip-flops (decoded kinds, registered unit statuses), faults reach the
+  error arbiter from flip-flops, and no reset reaches a data register that a valid flag
+  qualifies (the core reset, itself registered, reaches only state). What is left: the
+  DMA reader's row end (the row's beat count, minus one, compared with the beat counter:
+  three carry chains), and paths of two or three routes of 3 to 5 ns between blocks the
+  placer puts far apart (the DSP and block RAM columns spread the design over the die),
+  with a few LUTs between them: the store unit's row into the DMA writer's shifter, the
+  issue decision into the decoder's head register, the fetcher's grant into the DMA
+  reader. Each needs a register at the boundary, which for the store row is a cycle of
+  latency that the cycle model must follow and the utilization table must afford
+  (docs/performance.md).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
