@@ -28,10 +28,11 @@ class HostInterface(wiring.Component):
     bus : In(AXI4LiteSignature(addr_width=8))
         The slave port.
     ctrl : In(HostLinkSignature())
-        To the controller: ``start`` and ``soft_reset`` are one-cycle pulses from a write of
-        ``CONTROL``, ``prog_addr`` and ``prog_len`` the program registers (a write while
-        busy changes them for the next start only: the controller latched them at start);
-        the status, counters and performance counters come back.
+        To the controller: ``start`` and ``soft_reset`` are one-cycle pulses in the cycle
+        after the write of ``CONTROL`` is taken (its response comes a cycle after them);
+        ``prog_addr`` and ``prog_len`` the program registers (a write while busy changes them
+        for the next start only: the controller latched them at start); the status, counters
+        and performance counters come back.
     read_bytes, write_bytes : In(32)
         The bus traffic counters (``Reg.PERF_READ_BYTES``, ``Reg.PERF_WRITE_BYTES``).
     """
@@ -51,23 +52,34 @@ class HostInterface(wiring.Component):
         ctrl = self.ctrl
 
         # Writes: take address and data together, answer, then accept the next.
+        # CONTROL's pulses come from flip-flops, in the cycle after the write is taken (the
+        # start fans out to the controller's run state and counters across the die), and the
+        # response a cycle after them: once the master has it, the write has taken effect
+        # (a start has made the NPU busy and lowered irq).
+        write_taken = Signal()
         write_ack = Signal()
+        start = Signal()
+        soft_reset = Signal()
+        m.d.sync += [start.eq(0), soft_reset.eq(0), write_taken.eq(0)]
+        m.d.comb += [ctrl.start.eq(start), ctrl.soft_reset.eq(soft_reset)]
         m.d.comb += [
-            bus.awready.eq(bus.awvalid & bus.wvalid & ~write_ack),
-            bus.wready.eq(bus.awvalid & bus.wvalid & ~write_ack),
+            bus.awready.eq(bus.awvalid & bus.wvalid & ~write_taken & ~write_ack),
+            bus.wready.eq(bus.awvalid & bus.wvalid & ~write_taken & ~write_ack),
             bus.bvalid.eq(write_ack),
             bus.bresp.eq(Resp.OKAY),
         ]
         with m.If(bus.bvalid & bus.bready):
             m.d.sync += write_ack.eq(0)
-        with m.If(bus.awready):
+        with m.If(write_taken):
             m.d.sync += write_ack.eq(1)
+        with m.If(bus.awready):
+            m.d.sync += write_taken.eq(1)
             with m.Switch(bus.awaddr[2:8]):
                 with m.Case(Reg.CONTROL >> 2):
                     with m.If(bus.wstrb[0]):
-                        m.d.comb += [
-                            ctrl.start.eq((bus.wdata & Control.START).any()),
-                            ctrl.soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
+                        m.d.sync += [
+                            start.eq((bus.wdata & Control.START).any()),
+                            soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
                         ]
                 with m.Case(Reg.PROG_ADDR >> 2):
                     for lane in range(4):

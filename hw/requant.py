@@ -155,15 +155,20 @@ class Requantizer(RowRequantizer):
         shift = self.shift[lane]
 
         # 1: saturating left shift. The product fits 32 bits when the bits shifted past the
-        # sign (acc >> (31 - left), and 31 - left is ~left) are all sign bits.
-        # The shift amounts are registered once: ``shift`` holds while rows are in flight
-        # (like ``multiplier``), and the store unit's state register is far from here.
+        # sign (bits 31 - left and up) are all sign bits: when acc with its sign bits
+        # cleared (acc ^ its sign) is below 2**(31 - left). The shift and that bound are
+        # registered once (``shift`` holds while rows are in flight, like ``multiplier``,
+        # and the store unit's state register is far from here), so the check is one
+        # comparison beside the shifter, not a second shifter before it.
         left = Signal(range(32), name=f"left_{lane}")
-        m.d.sync += left.eq(Mux(shift < 0, -shift, 0))
-        high_bits = Signal(signed(32), name=f"high_bits_{lane}")
-        m.d.comb += high_bits.eq(acc >> (~left)[:5])
+        fits_below = Signal(unsigned(32), name=f"fits_below_{lane}")
+        left_next = Mux(shift < 0, -shift, 0)[:5]
+        m.d.sync += [left.eq(left_next),
+                     fits_below.eq(Const(1 << 31, unsigned(32)) >> left_next)]
+        magnitude = Signal(unsigned(32), name=f"magnitude_{lane}")
+        m.d.comb += magnitude.eq(acc.as_unsigned() ^ acc[31].replicate(32))
         x = Signal(signed(32), name=f"x_{lane}")
-        m.d.comb += x.eq(Mux((high_bits == 0) | (high_bits == -1), (acc << left)[:32],
+        m.d.comb += x.eq(Mux(magnitude < fits_below, (acc << left)[:32],
                              Mux(acc < 0, INT32_MIN, INT32_MAX)))
         right_1 = stage(Mux(shift > 0, shift, 0)[:5], unsigned(5), "right_1")
         x_1 = stage(x, signed(32), "x_1")

@@ -8,15 +8,20 @@ from collections import deque
 import numpy as np
 import pytest
 from amaranth.hdl import Shape
+from amaranth.lib import data
 
 from controller_blocks import CONFIG, row_ranges
 from error_cases import CONFIG as TABLE_CONFIG
 from error_cases import (END, ERROR_PROGRAMS, load_acc, load_quant, load_spad, matmul, store,
                          store_q)
 from hw.config import FETCH_DEPTH
-from hw.controller.decoder import Decoder
-from hw.isa import ErrorCode, Instruction, Opcode, argument_layout, decode, encode
+from hw.controller.decoder import Decoder, Kind
+from hw.isa import (ErrorCode, Instruction, Opcode, argument_layout, decode, encode,
+                    opcode_of)
 from sim.amaranth_sim import run_simulation
+
+
+KIND_FIELDS = [name for name, _ in data.Layout.cast(Kind)]
 
 
 TOP = 1 << 32
@@ -103,7 +108,8 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
             payload = ctx.get(dut.decoded.payload)
             record = (payload.instr.as_bits(), payload.lo, payload.hi, payload.check,
                       payload.bus_error, (payload.spad.lo, payload.spad.hi),
-                      (payload.acc.lo, payload.acc.hi))
+                      (payload.acc.lo, payload.acc.hi),
+                      {name: getattr(payload.kind, name) for name in KIND_FIELDS})
             context = f"seed {seed} cycle {cycle}"
             assert valid == head, f"{context}: decoded.valid"
             if held is not None:
@@ -136,7 +142,7 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
 def assert_decoded(word, record, context, bus_error=0):
     code, lo, hi = reference(word)
     spad, acc = row_ranges(word)
-    got_word, got_lo, got_hi, got_check, got_bus_error, got_spad, got_acc = record
+    got_word, got_lo, got_hi, got_check, got_bus_error, got_spad, got_acc, got_kind = record
     assert (got_word, got_bus_error) == (word, bus_error), context
     assert ErrorCode(got_check) == code, f"{context}: {ErrorCode(got_check).name}, " \
         f"expected {code.name}"
@@ -145,6 +151,17 @@ def assert_decoded(word, record, context, bus_error=0):
         assert got_hi == hi, f"{context}: hi {got_hi:#x}, expected {hi:#x}"
     assert (got_spad, got_acc) == ((spad["lo"], spad["hi"]), (acc["lo"], acc["hi"])), \
         f"{context}: spad {got_spad}, acc {got_acc}"
+    # The issue stage's flags, written out here rather than from KIND_OPCODES.
+    opcode = opcode_of(word)
+    expected_kind = {
+        "end": opcode is Opcode.END, "load_spad": opcode is Opcode.LOAD_SPAD,
+        "load_acc": opcode is Opcode.LOAD_ACC, "load_quant": opcode is Opcode.LOAD_QUANT,
+        "preload": opcode is Opcode.PRELOAD, "matmul": opcode is Opcode.MATMUL,
+        "store": opcode in (Opcode.STORE, Opcode.STORE_Q),
+        "faulty": bool(bus_error) or code != ErrorCode.NONE,
+    }
+    assert got_kind == {name: int(flag) for name, flag in expected_kind.items()}, \
+        f"{context}: kind {got_kind}"
 
 
 def test_register_stage():

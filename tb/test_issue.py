@@ -6,6 +6,7 @@ import pytest
 
 from controller_blocks import CONFIG, row_ranges, span
 from error_cases import END, load_acc, load_quant, load_spad, matmul, preload, store, store_q
+from hw.controller.decoder import KIND_OPCODES
 from hw.controller.issue import IssueStage
 from hw.isa import ErrorCode, Instruction, Opcode, decode
 from sim.amaranth_sim import run_simulation
@@ -37,8 +38,12 @@ def decoded(word, *, check=0, bus_error=0, lo=0, hi=0):
     """The :class:`~hw.controller.decoder.Decoded` payload of ``word``, with its row ranges
     (:func:`row_ranges`)."""
     spad, acc = row_ranges(word)
-    return {"instr": Instruction.from_bits(word), "lo": lo, "hi": hi, "spad": spad,
-            "acc": acc, "check": check, "bus_error": bus_error}
+    instr = Instruction.from_bits(word)
+    kind = {name: int(instr.opcode in [op.value for op in opcodes])
+            for name, opcodes in KIND_OPCODES.items()}
+    kind["faulty"] = int(bool(check or bus_error))
+    return {"instr": instr, "lo": lo, "hi": hi, "spad": spad,
+            "acc": acc, "check": check, "bus_error": bus_error, "kind": kind}
 
 
 def set_head(ctx, dut, word, *, valid=1, **fields):

@@ -113,18 +113,19 @@ MULTIPLIERS = [0x7FFF_FFFF, -(1 << 31), 12345]
     (QUANT_OK, [0, 0, -(1 << 31)], False),
 ])
 def test_load_quant(operands, shifts, ok):
-    """Two rows from ``dram_addr`` and one stride on; the cycle after the last one either
+    """Two rows from ``dram_addr`` and one stride on; the rows are checked in the cycle
+    after the last one, and the verdict, registered, ends the instruction in the next:
     QUANT with the instruction's pc or, a cycle later, the new state on ``quant`` (for that
     one cycle)."""
     word = load_quant(12, dram_addr=0x3000, dram_stride=0x40, **operands)
     payloads = [pack(MULTIPLIERS, 4), pack(shifts, 4)]
     trace = run_load(word, row_cycles=(6, 8), payloads=payloads)
     assert trace[1]["cmd"] == (0x3000, 2, 12, 0x40)
-    assert column(trace, "busy")[1:11] == [(1, 0, 0)] * 9 + [(0, 0, 0)]
+    assert column(trace, "busy")[1:12] == [(1, 0, 0)] * 10 + [(0, 0, 0)]
     state = (MULTIPLIERS, shifts, operands["zero_point"], operands["act_min"],
              operands["act_max"], QuantMode.FIXED)
-    assert column(trace, "quant") == [0] * 10 + [state if ok else 0] + [0] * 3
-    assert column(trace, "fault") == [0] * 9 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 4
+    assert column(trace, "quant") == [0] * 11 + [state if ok else 0] + [0] * 2
+    assert column(trace, "fault") == [0] * 10 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 3
     assert not any(column(trace, "spad")) and not any(column(trace, "acc"))
 
 
@@ -153,17 +154,18 @@ def test_load_quant_float(operands, scales, reserved, ok):
     trace = run_load(word, row_cycles=(6, 8), payloads=[pack(scales, 4), pack(reserved, 4)])
     state = (scales, [0, 0, 0], operands["zero_point"], operands["act_min"],
              operands["act_max"], QuantMode.FLOAT)
-    assert column(trace, "quant") == [0] * 10 + [state if ok else 0] + [0] * 3
-    assert column(trace, "fault") == [0] * 9 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 4
+    assert column(trace, "quant") == [0] * 11 + [state if ok else 0] + [0] * 2
+    assert column(trace, "fault") == [0] * 10 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 3
 
 
 @pytest.mark.parametrize("word", [load_spad(0, 4, 3, 0x100, 3),
                                   load_quant(12, dram_addr=0x3000, dram_stride=0x40)])
 def test_bus_read_fault(word):
-    """A bus error at ``done``: BUS_READ with the pc in that cycle, idle after it; a
-    LOAD_QUANT that failed so checks nothing and sets no state."""
+    """A bus error at ``done``: BUS_READ with the pc in the cycle after (from a flip-flop),
+    busy until then, idle after it; a LOAD_QUANT that failed so checks nothing and sets no
+    state."""
     trace = run_load(word, row_cycles=(6,), payloads=random_rows(1), done_at=9, error=True)
-    assert column(trace, "fault") == [0] * 9 + [(ErrorCode.BUS_READ, PC)] + [0] * 4
-    assert [busy[0] for busy in column(trace, "busy")] == [0] + [1] * 9 + [0] * 4
+    assert column(trace, "fault") == [0] * 10 + [(ErrorCode.BUS_READ, PC)] + [0] * 3
+    assert [busy[0] for busy in column(trace, "busy")] == [0] + [1] * 10 + [0] * 3
     assert not any(column(trace, "quant"))
 

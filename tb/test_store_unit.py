@@ -98,10 +98,12 @@ def test_store_rows():
 
 @pytest.mark.parametrize("error", [False, True])
 def test_bus_write_fault(error):
-    """``done`` with ``error``: BUS_WRITE with the pc in that cycle, idle after it."""
+    """``done`` with ``error``: BUS_WRITE with the pc in the cycle after (from the state
+    register), busy until then, idle after it; without error, idle after ``done``."""
     _, trace = run_store(store(0, 1, 4, 0x100, 4), done_after=3, error=error)
-    assert cycles_of(trace, "fault") == ({6: (ErrorCode.BUS_WRITE, PC)} if error else {})
-    assert [t["busy"] for t in trace[:8]] == [0] + [1] * 6 + [0]
+    assert cycles_of(trace, "fault") == ({7: (ErrorCode.BUS_WRITE, PC)} if error else {})
+    busy_cycles = 7 if error else 6
+    assert [t["busy"] for t in trace[:9]] == [0] + [1] * busy_cycles + [0] * (8 - busy_cycles)
 
 
 def test_halt_holds_the_command():

@@ -97,6 +97,10 @@ def test_random_against_model(seed):
         slots = deque()           # [acc_addr, rows, accumulate, results written]
         macs = 0
         issued = 0
+        # The accumulator's pipeline as the streamer sees it (its write port is the only
+        # one): the writes taken one and two cycles ago (``unseen``, s1 and s2) and three
+        # ago (being written, S); busy while any is there.
+        pipeline = deque([(0, 0)] * 3)    # (valid, addr) of s1, s2, S
         for cycle in range(400):
             context = f"seed {seed} cycle {cycle}"
             issue = rng.random() < 0.4 and len(reads) <= 1 and len(slots) < 2 and issued < 40
@@ -122,9 +126,8 @@ def test_random_against_model(seed):
             ctx.set(dut.load_acc.addr, load_write[0])
             ctx.set(dut.load_acc.accumulate, load_write[1])
             ctx.set(dut.load_acc.data, load_write[2])
-            acc_busy = int(rng.random() < 0.3)
-            acc_unseen = [{"valid": acc_busy & int(rng.random() < 0.5),
-                           "addr": int(rng.integers(0, CONFIG.acc_depth))} for _ in range(2)]
+            acc_busy = int(any(valid for valid, _ in pipeline))
+            acc_unseen = [{"valid": valid, "addr": addr} for valid, addr in list(pipeline)[:2]]
             ctx.set(dut.acc.busy, acc_busy)
             ctx.set(dut.acc.unseen, acc_unseen)
 
@@ -166,6 +169,8 @@ def test_random_against_model(seed):
             else:
                 assert write[0] == 0, context
 
+            pipeline.pop()
+            pipeline.appendleft((write[0], write[1] if write[0] else 0))
             await ctx.tick()
             last_read = None
             if reads:

@@ -2,7 +2,7 @@
 stages before the instruction queue; the queue's head waits in a register for the issue
 stage."""
 
-from amaranth.hdl import Cat, Module, ResetInserter, Signal, signed
+from amaranth.hdl import Cat, Const, Module, ResetInserter, Signal, signed
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -12,7 +12,33 @@ from .fetcher import WordsSignature
 from .signatures import RowRange
 
 
-__all__ = ["Decoder", "Decoded", "NextHeadSignature"]
+__all__ = ["Decoder", "Decoded", "Kind", "KIND_OPCODES", "NextHeadSignature"]
+
+
+#: The opcodes of each :class:`Kind` flag: what the issue stage asks of an instruction.
+KIND_OPCODES = {
+    "end":        (Opcode.END,),
+    "load_spad":  (Opcode.LOAD_SPAD,),
+    "load_acc":   (Opcode.LOAD_ACC,),
+    "load_quant": (Opcode.LOAD_QUANT,),
+    "preload":    (Opcode.PRELOAD,),
+    "matmul":     (Opcode.MATMUL,),
+    "store":      (Opcode.STORE, Opcode.STORE_Q),
+}
+
+
+class Kind(data.Struct):
+    """An instruction's opcode decoded before the queue (one flag of :data:`KIND_OPCODES`
+    at most), and ``faulty``: its fetch failed or its check did not pass. The issue stage's
+    decision then starts from these flip-flops, not from comparisons of the opcode."""
+    end:        1
+    load_spad:  1
+    load_acc:   1
+    load_quant: 1
+    preload:    1
+    matmul:     1
+    store:      1
+    faulty:     1
 
 
 class Decoded(data.Struct):
@@ -26,6 +52,7 @@ class Decoded(data.Struct):
     acc:       RowRange   #: the accumulator rows it touches
     check:     8
     bus_error: 1
+    kind:      Kind
 
 
 def NextHeadSignature():
@@ -73,9 +100,19 @@ class Decoder(wiring.Component):
 
         # Stage 1. The byte after the last one a 2-D block touches is addr + (rows - 1) *
         # stride + row_bytes (more than 32 bits: it wraps). It is summed as rows * stride +
-        # base in stage 2, with base = addr + row_bytes - stride formed beside the multiplier.
+        # base in stage 2, with base = addr + row_bytes - stride formed beside the multiplier,
+        # and so is limit = 2**32 - base, for stage 2's range check: each as two carry chains
+        # in a row (end = addr + row_bytes, then base = end - stride and limit = 2**32 +
+        # stride - end side by side), not three.
         product = Signal(48)         # rows x stride of a block; 0 for LOAD_QUANT
         base = Signal(signed(35))
+        limit = Signal(signed(36), init=1 << 32)
+
+        def block_bounds(args):
+            end = args.dram_addr + args.row_bytes
+            return [base.eq(end - args.dram_stride),
+                    limit.eq(Cat(args.dram_stride, Const(1, 1)) - end)]
+
         lo = Signal(32)
         dram = Signal()              # the instruction moves a DRAM block
         spad = Signal(RowRange)
@@ -90,7 +127,7 @@ class Decoder(wiring.Component):
                     m.d.comb += acc.eq(local)
                 m.d.comb += [lo.eq(load.dram_addr),
                              product.eq(load.rows * load.dram_stride),
-                             base.eq(load.dram_addr + load.row_bytes - load.dram_stride)]
+                             *block_bounds(load)]
             with m.Case(Opcode.PRELOAD):
                 m.d.comb += spad.eq(Cat(preload.spad_addr, preload.spad_addr + rows))
             with m.Case(Opcode.MATMUL):
@@ -100,10 +137,13 @@ class Decoder(wiring.Component):
                 m.d.comb += acc.eq(Cat(store.acc_addr, store.acc_addr + store.rows))
                 m.d.comb += [lo.eq(store.dram_addr),
                              product.eq(store.rows * store.dram_stride),
-                             base.eq(store.dram_addr + store.row_bytes - store.dram_stride)]
+                             *block_bounds(store)]
             with m.Case(Opcode.LOAD_QUANT):
+                # Two rows: base = end + stride, limit = (2**32 - stride) - end.
+                end = quant.dram_addr + quant.row_bytes
                 m.d.comb += [lo.eq(quant.dram_addr),
-                             base.eq(quant.dram_addr + quant.dram_stride + quant.row_bytes)]
+                             base.eq(end + quant.dram_stride),
+                             limit.eq(((1 << 32) - quant.dram_stride) - end)]
         check = Signal(8)            # every check but the DRAM range's
 
         def checks(bad_length, local_range=None, range_code=None, dram_block=False):
@@ -167,7 +207,7 @@ class Decoder(wiring.Component):
             stage.base.eq(base),
             # 2**32 - base, for the range check of stage 2 (a subtraction there would put
             # two carry chains in a row between the stage register and the queue).
-            stage.limit.eq((1 << 32) - base),
+            stage.limit.eq(limit),
             stage.lo.eq(lo),
             stage.spad.eq(spad),
             stage.acc.eq(acc),
@@ -196,6 +236,10 @@ class Decoder(wiring.Component):
         ]
         with m.If((stage.check == 0) & stage.dram & (stage.product > stage.limit)):
             m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
+        for name, opcodes in KIND_OPCODES.items():
+            m.d.comb += entry.kind[name].eq(Cat(*[stage.instr.opcode == op
+                                                  for op in opcodes]).any())
+        m.d.comb += entry.kind.faulty.eq(stage.bus_error | (entry.check != 0))
 
         # The queue's head waits in a register until the issue stage takes it.
         with m.If(self.decoded.ready):

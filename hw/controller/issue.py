@@ -5,8 +5,8 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..isa import INSTR_BYTES, ErrorCode, Opcode
-from .decoder import Decoded, NextHeadSignature
+from ..isa import INSTR_BYTES, ErrorCode
+from .decoder import KIND_OPCODES, Decoded, NextHeadSignature
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
 from .signatures import Fault, HostLinkSignature, UnitSignature
@@ -95,13 +95,12 @@ class IssueStage(wiring.Component):
         # ------------------------------------------------------------ hazards
         head = self.decoded.payload
         instr = head.instr
-        opcode = instr.opcode
         drained = stream_.drained
 
         # Each comparison of the head with a unit's rows or bytes is made in the cycle
         # before, into a register: between the next head (the decoder's entry if it loads
         # one, else this head) and what the unit's registers will hold (the head's, if they
-        # follow it, else their own). Only the last 2:1 choice waits for this cycle's issue.
+        # follow it, else their own). Only the last choices wait for this cycle's issue.
         def ahead(name, compare, ours, unit_next):
             flag = Signal(name=f"{name}_ahead")
             m.d.sync += flag.eq(Mux(self.next_head.load,
@@ -127,16 +126,16 @@ class IssueStage(wiring.Component):
         def holds(a, b):                 # a [lo, hi) range holds row b[0]
             return (a[0] <= b[0]) & (b[0] < a[1])
 
-        def following(name, ours, theirs, follows):
-            """What a unit's registers will hold: the head's if they follow it."""
-            unit_next = tuple(Signal.like(part, name=f"{name}_unit_next{i}")
-                              for i, part in enumerate(theirs))
-            for part, mine, their in zip(unit_next, ours(head), theirs):
-                m.d.comb += part.eq(Mux(follows, mine, their))
-            return unit_next
-
         def against(name, compare, ours, theirs, follows):
-            return ahead(name, compare, ours, following(name, ours, theirs, follows))
+            """``ahead`` against what a unit's registers will hold: the head's if they
+            follow it, else their own. Both are compared, and ``follows`` (from the unit's
+            flip-flops) picks one after the comparators, beside the issue's choice."""
+            flag = Signal(name=f"{name}_ahead")
+            entry, now = ours(self.next_head.entry), ours(head)
+            m.d.sync += flag.eq(Mux(self.next_head.load,
+                                    Mux(follows, compare(entry, now), compare(entry, theirs)),
+                                    Mux(follows, compare(now, now), compare(now, theirs))))
+            return flag
 
         spad_vs_stream = against("spad_vs_stream", overlaps, spad_of, pair(stream_.spad),
                                  stream_.follows)
@@ -163,51 +162,29 @@ class IssueStage(wiring.Component):
             store_raw = store_raw | (stream_.unseen[i].valid & hit)
         store_dram_hazard = store.busy & bytes_vs_store
 
-        blocked_load = Signal()      # why the head waits, for the stall counters
-        blocked_store = Signal()
-        blocked_array = Signal()
-        with m.Switch(opcode):
-            with m.Case(Opcode.END):
-                m.d.comb += [
-                    blocked_load.eq(load.busy | self.fetch.reader_busy),
-                    blocked_array.eq(weights.busy | ~drained),
-                    blocked_store.eq(store.busy),
-                ]
-            with m.Case(Opcode.LOAD_SPAD):
-                m.d.comb += [
-                    blocked_load.eq(load.busy),
-                    blocked_array.eq((stream_.busy & spad_vs_stream) |
-                                     (weights.busy & spad_vs_weights)),
-                    blocked_store.eq(store_dram_hazard),
-                ]
-            with m.Case(Opcode.LOAD_ACC):
-                m.d.comb += [
-                    blocked_load.eq(load.busy),
-                    blocked_array.eq(~drained),
-                    blocked_store.eq(store.busy),
-                ]
-            with m.Case(Opcode.LOAD_QUANT):
-                m.d.comb += [
-                    blocked_load.eq(load.busy),
-                    blocked_store.eq(store.busy),
-                ]
-            with m.Case(Opcode.PRELOAD):
-                m.d.comb += [
-                    blocked_load.eq(load.to_spad & spad_vs_load),
-                    blocked_array.eq(weights.busy),
-                ]
-            with m.Case(Opcode.MATMUL):
-                m.d.comb += [
-                    blocked_load.eq(load.to_acc | (load.to_spad & spad_vs_load)),
-                    blocked_array.eq(~stream_.free | stream_.full | weights.busy),
-                    blocked_store.eq(store.busy & acc_vs_store),
-                ]
-            with m.Case(Opcode.STORE, Opcode.STORE_Q):
-                m.d.comb += [
-                    blocked_load.eq(load.busy),       # no load before a store may still fail
-                    blocked_array.eq(store_raw),
-                    blocked_store.eq(store.busy),
-                ]
+        # Why the head waits, for the stall counters: for each kind of instruction (the
+        # decoder's flags, at most one set), the units it waits for.
+        kind = head.kind
+        waits = {   # kind: (load, array, store)
+            "end":        (load.busy | self.fetch.reader_busy, weights.busy | ~drained,
+                           store.busy),
+            "load_spad":  (load.busy, (stream_.busy & spad_vs_stream) |
+                           (weights.busy & spad_vs_weights), store_dram_hazard),
+            "load_acc":   (load.busy, ~drained, store.busy),
+            "load_quant": (load.busy, 0, store.busy),
+            "preload":    (load.to_spad & spad_vs_load, weights.busy, 0),
+            "matmul":     (load.to_acc | (load.to_spad & spad_vs_load),
+                           ~stream_.free | stream_.full | weights.busy,
+                           store.busy & acc_vs_store),
+            # No load before a store may still fail.
+            "store":      (load.busy, store_raw, store.busy),
+        }
+        assert waits.keys() == KIND_OPCODES.keys()
+        blocked_load, blocked_array, blocked_store = (
+            Signal(name=f"blocked_{unit}") for unit in ("load", "array", "store"))
+        for i, blocked in enumerate((blocked_load, blocked_array, blocked_store)):
+            m.d.comb += blocked.eq(Cat(*[kind[name] & terms[i]
+                                        for name, terms in waits.items()]).any())
 
         # ------------------------------------------------------------ issue
         issue = Signal()
@@ -224,10 +201,11 @@ class IssueStage(wiring.Component):
                 raise_error(ErrorCode.PROGRAM)
             with m.Elif(~self.decoded.valid):
                 m.d.sync += perf.stall_fetch.eq(perf.stall_fetch + 1)
-            with m.Elif(head.bus_error):
-                raise_error(ErrorCode.BUS_READ)
-            with m.Elif(head.check != 0):
-                raise_error(head.check)
+            with m.Elif(kind.faulty):
+                with m.If(head.bus_error):
+                    raise_error(ErrorCode.BUS_READ)
+                with m.Else():
+                    raise_error(head.check)
             with m.Elif(blocked_load | blocked_store | blocked_array):
                 with m.If(blocked_load):
                     m.d.sync += perf.stall_load.eq(perf.stall_load + 1)
@@ -240,14 +218,14 @@ class IssueStage(wiring.Component):
         m.d.comb += self.decoded.ready.eq(issue)
 
         units = {
-            self.load:    (Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.LOAD_QUANT),
-            self.weights: (Opcode.PRELOAD,),
-            self.stream:  (Opcode.MATMUL,),
-            self.store:   (Opcode.STORE, Opcode.STORE_Q),
+            self.load:    ("load_spad", "load_acc", "load_quant"),
+            self.weights: ("preload",),
+            self.stream:  ("matmul",),
+            self.store:   ("store",),
         }
-        for unit, opcodes in units.items():
+        for unit, kinds in units.items():
             m.d.comb += [
-                unit.cmd.valid.eq(issue & Cat(*[opcode == op for op in opcodes]).any()),
+                unit.cmd.valid.eq(issue & Cat(*[kind[name] for name in kinds]).any()),
                 unit.cmd.payload.instr.eq(instr),
                 unit.cmd.payload.pc.eq(host.pc),
                 unit.cmd.payload.lo.eq(head.lo),
@@ -257,7 +235,7 @@ class IssueStage(wiring.Component):
             ]
         with m.If(issue):
             m.d.sync += perf.instructions.eq(perf.instructions + 1)
-            with m.If(opcode == Opcode.END):
+            with m.If(kind.end):
                 m.d.sync += [running.eq(0), host.done.eq(1)]
             with m.Else():
                 m.d.sync += [host.pc.eq(host.pc + 1), at_prog_end.eq(host.pc + 1 == prog_len)]
@@ -271,7 +249,7 @@ class IssueStage(wiring.Component):
             # reader's command must not start in the cycle END issues. (From the head, not
             # from the issue: the decision to fetch does not wait for the hazard checks.)
             self.fetch.enable.eq(running & ~stopping &
-                                 ~(self.decoded.valid & (opcode == Opcode.END))),
+                                 ~(self.decoded.valid & kind.end)),
             self.fetch.halt.eq(halting),
             # In the cycle of begin, the host's registers as they are latched.
             self.fetch.prog_addr.eq(Mux(self.fetch.begin, host.prog_addr, prog_addr)),
@@ -295,15 +273,17 @@ class IssueStage(wiring.Component):
             for b, (_, _, pc_b) in enumerate(candidates[:a]):
                 below[a, b] = Signal(name=f"error_pc_below_{a}_{b}")
                 m.d.comb += below[a, b].eq(pc_a < pc_b)
-        best_valid, best_code, best_pc = 0, 0, 0
-        for k, (valid_k, code_k, pc_k) in reversed(list(enumerate(candidates))):
+        # At most one candidate wins: the winner's code and pc are an AND-OR of all, not a
+        # chain of multiplexers.
+        best_valid = Cat(*[valid for valid, _, _ in candidates]).any()
+        best_code, best_pc = 0, 0
+        for k, (valid_k, code_k, pc_k) in enumerate(candidates):
             beaten_by = [candidates[j][0] & ~below[k, j] for j in range(k)]       # pc_j <= pc_k
             beaten_by += [candidates[j][0] & below[j, k] for j in range(k + 1, len(candidates))]
             wins = Signal(name=f"error_candidate_{k}_wins")
             m.d.comb += wins.eq(valid_k & ~Cat(*beaten_by).any())
-            best_valid = wins | best_valid
-            best_code = Mux(wins, code_k, best_code)
-            best_pc = Mux(wins, pc_k, best_pc)
+            best_code = best_code | Mux(wins, code_k, 0)
+            best_pc = best_pc | Mux(wins, pc_k, 0)
         with m.If(running):
             m.d.sync += [stopping.eq(best_valid), stop_code.eq(best_code),
                          stop_pc.eq(best_pc)]

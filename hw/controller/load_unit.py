@@ -65,7 +65,6 @@ class LoadUnit(wiring.Component):
         busy = Signal()
         sent = Signal()              # the DMA command went out
         check = Signal()             # LOAD_QUANT: check the staged state in this cycle
-        op = Signal(8)
         local = Signal(16)
         spad = Signal(RowRange)
         rows = Signal(16)
@@ -82,10 +81,15 @@ class LoadUnit(wiring.Component):
         staged_multipliers = Signal(lanes32)
         staged_shifts = Signal(lanes32)
 
+        # The opcode, decoded as the registers follow the head: the kinds the issue stage
+        # asks about, and what each row arriving does.
+        op_spad = Signal()
+        op_acc = Signal()
+        op_quant = Signal()
         m.d.comb += [
             status.busy.eq(busy),
-            status.to_spad.eq(busy & (op == Opcode.LOAD_SPAD)),
-            status.to_acc.eq(busy & (op == Opcode.LOAD_ACC)),
+            status.to_spad.eq(busy & op_spad),
+            status.to_acc.eq(busy & op_acc),
             status.spad.eq(spad),
             status.follows.eq(~busy),
             fault.pc.eq(pc),
@@ -97,7 +101,9 @@ class LoadUnit(wiring.Component):
         with m.If(cmd.valid):
             m.d.sync += busy.eq(1)
         with m.If(~busy):
-            m.d.sync += [sent.eq(0), op.eq(issued.opcode), pc.eq(cmd.payload.pc),
+            m.d.sync += [sent.eq(0), op_spad.eq(issued.opcode == Opcode.LOAD_SPAD),
+                         op_acc.eq(issued.opcode == Opcode.LOAD_ACC),
+                         op_quant.eq(issued.opcode == Opcode.LOAD_QUANT), pc.eq(cmd.payload.pc),
                          count.eq(0), spad.eq(cmd.payload.spad)]
             with m.If(issued.opcode == Opcode.LOAD_QUANT):
                 quant = issued.args.quant
@@ -126,7 +132,7 @@ class LoadUnit(wiring.Component):
 
         with m.If(reader.row.valid):
             m.d.sync += count.eq(count + 1)
-            with m.If(op == Opcode.LOAD_QUANT):
+            with m.If(op_quant):
                 with m.If(count == 0):
                     m.d.sync += staged_multipliers.eq(reader.row.payload)
                 with m.Else():
@@ -138,20 +144,26 @@ class LoadUnit(wiring.Component):
         m.d.sync += [
             self.spad.addr.eq(local + count),
             self.spad.data.eq(reader.row.payload),
-            self.spad.en.eq(reader.row.valid & (op == Opcode.LOAD_SPAD)),
+            self.spad.en.eq(reader.row.valid & op_spad),
         ]
         m.d.comb += [
             self.acc.addr.eq(local + count),
             self.acc.data.eq(reader.row.payload),
             self.acc.accumulate.eq(0),
-            self.acc.en.eq(reader.row.valid & (op == Opcode.LOAD_ACC)),
+            self.acc.en.eq(reader.row.valid & op_acc),
         ]
 
+        # A failed read is reported from a flip-flop, a cycle after the reader's ``done``
+        # (the unit stays busy for it): the fault goes on to the issue stage's arbiter.
+        read_failed = Signal()
+        m.d.sync += read_failed.eq(0)
+        with m.If(read_failed):
+            m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_READ)]
+            m.d.sync += busy.eq(0)
         with m.If(reader.done):
             with m.If(reader.error):
-                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_READ)]
-                m.d.sync += busy.eq(0)
-            with m.Elif(op == Opcode.LOAD_QUANT):
+                m.d.sync += read_failed.eq(1)
+            with m.Elif(op_quant):
                 m.d.sync += check.eq(1)
             with m.Else():
                 m.d.sync += busy.eq(0)
@@ -177,11 +189,17 @@ class LoadUnit(wiring.Component):
         not_finite = Cat(*[lane[23:31].all() for lane in staged_multipliers]).any()
         bad_rows = Mux(mode == QuantMode.FLOAT, not_finite | (staged_shifts.as_value() != 0),
                        shift_out_of_range)
+        # The verdict, registered in the cycle of the check, ends the instruction in the next:
+        # a fault from a flip-flop, or the state delivered.
         deliver = Signal()
-        m.d.sync += deliver.eq(0)
+        judged = Signal()
+        rejected = Signal()
+        m.d.sync += [deliver.eq(0), judged.eq(0)]
         with m.If(check):
-            m.d.sync += [check.eq(0), busy.eq(0)]
-            with m.If(operands_bad | bad_rows):
+            m.d.sync += [check.eq(0), judged.eq(1), rejected.eq(operands_bad | bad_rows)]
+        with m.If(judged):
+            m.d.sync += busy.eq(0)
+            with m.If(rejected):
                 m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
             with m.Else():
                 m.d.sync += deliver.eq(1)

@@ -1,7 +1,7 @@
 """The store unit: ``STORE`` and ``STORE_Q``, from the accumulator's read port through the
 requantizer to the DMA writer."""
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Assert, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
@@ -170,9 +170,22 @@ class StoreUnit(wiring.Component):
                         m.d.comb += read.eq(1)
                         m.next = "READ"
             with m.State("WAIT"):
+                # A failed write is reported from the state register, a cycle later.
                 with m.If(writer.done):
-                    m.d.comb += [fault.valid.eq(writer.error), fault.code.eq(ErrorCode.BUS_WRITE)]
-                    m.next = "IDLE"
-        m.d.comb += [idle.eq(fsm.ongoing("IDLE")), status.busy.eq(~idle),
-                     status.follows.eq(idle)]
+                    with m.If(writer.error):
+                        m.next = "FAILED"
+                    with m.Else():
+                        m.next = "IDLE"
+            with m.State("FAILED"):
+                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_WRITE)]
+                m.next = "IDLE"
+        # Idle kept in a flip-flop beside the state (the issue stage decides from it): left
+        # with the command, entered with the transitions into IDLE above.
+        idle_reg = Signal(init=1)
+        with m.If(fsm.ongoing("IDLE") & cmd.valid):
+            m.d.sync += idle_reg.eq(0)
+        with m.If((fsm.ongoing("WAIT") & writer.done & ~writer.error) | fsm.ongoing("FAILED")):
+            m.d.sync += idle_reg.eq(1)
+        m.d.sync += Assert(idle_reg == fsm.ongoing("IDLE"), "store unit: idle out of step")
+        m.d.comb += [idle.eq(idle_reg), status.busy.eq(~idle), status.follows.eq(idle)]
         return m

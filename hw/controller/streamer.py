@@ -1,7 +1,7 @@
 """The streamer: ``MATMUL``, activation rows from the scratchpad through the array, results
 into the accumulator."""
 
-from amaranth.hdl import Assert, Module, Mux, Signal, signed
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
@@ -109,25 +109,50 @@ class Streamer(wiring.Component):
         m.d.comb += oldest.eq(Mux(head, slots[1], slots[0]))
         out_count = Signal(16)
 
+        # What the issue stage decides from comes from flip-flops: ``full``, ``drained`` and
+        # the slots in use are registered from their values in the next cycle (the same
+        # terms, of the next head, count, busy and accumulator pipeline).
+        full = Signal()
+        drained = Signal(init=1)
+        in_use = Signal(WRITEBACK_SLOTS)
+        busy_next = Signal()
+        head_next = Signal.like(head)
+        queued_next = Signal.like(queued)
+        m.d.comb += [
+            busy_next.eq(cmd.valid | (busy & ~last)),
+            head_next.eq(head ^ pop),
+            queued_next.eq(queued + push - pop),
+        ]
+        # The accumulator is busy in the next cycle with this cycle's write and the two before
+        # it (its s1 and s2, ``unseen``): its own ``busy`` adds the one in S, written now.
+        acc_busy_next = self.acc.en | Cat(*[write.valid for write in self.acc.unseen]).any()
+        m.d.sync += [
+            full.eq(queued_next == WRITEBACK_SLOTS),
+            drained.eq(~busy_next & (queued_next == 0) & ~acc_busy_next),
+        ]
+        for i in range(WRITEBACK_SLOTS):
+            # Slot i is in use when it is the head and the queue is not empty, or the tail.
+            m.d.sync += in_use[i].eq(((head_next == i) & (queued_next >= 1)) |
+                                     ((head_next != i) & (queued_next == 2)))
+        m.d.sync += [
+            Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
+            Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),
+                   "streamer: drained out of step"),
+        ]
         m.d.comb += [
             status.busy.eq(busy),
             status.free.eq(~busy | last),        # reading its last row this cycle
             status.spad.eq(spad),
             status.macs.eq(macs),
-            status.full.eq(queued == WRITEBACK_SLOTS),
-            status.drained.eq(~busy & (queued == 0) & ~self.acc.busy),
+            status.full.eq(full),
+            status.drained.eq(drained),
             status.writing.valid.eq(self.acc.en),
             status.writing.addr.eq(self.acc.addr),
             status.unseen.eq(self.acc.unseen),
             status.follows.eq(status.free),
         ]
         for i in range(WRITEBACK_SLOTS):
-            # Slot i is in use when it is the head and the queue is not empty, or the tail.
-            m.d.comb += [
-                status.writes[i].eq(slots[i]),
-                status.writes[i].valid.eq(((head == i) & (queued >= 1)) |
-                                          ((head != i) & (queued == 2))),
-            ]
+            m.d.comb += [status.writes[i].eq(slots[i]), status.writes[i].valid.eq(in_use[i])]
 
         # Each row is read a cycle ahead of its cycle in ``busy`` (the scratchpad's read
         # takes two cycles), so that it reaches the array in the cycle after that one: the
@@ -206,8 +231,5 @@ class Streamer(wiring.Component):
         m.d.sync += Assert(~(self.result.valid & self.load_acc.en),
                            "an accumulator write of LOAD_ACC met a result of the array")
 
-        with m.If(push & ~pop):
-            m.d.sync += queued.eq(queued + 1)
-        with m.Elif(pop & ~push):
-            m.d.sync += queued.eq(queued - 1)
+        m.d.sync += queued.eq(queued_next)
         return m

@@ -31,14 +31,6 @@ class BlockCommand(data.Struct):
     stride:    32
 
 
-class BlockCommand(data.Struct):
-    """A 2-D strided block: row ``r`` is ``row_bytes`` bytes at ``addr + r * stride``."""
-    addr:      32
-    rows:      16
-    row_bytes: 16
-    stride:    32
-
-
 def ceil_div(a, b):
     return -(-a // b)
 
