@@ -19,7 +19,9 @@ class DMAProperties(Elaboratable):
     """The DMA with every bus input free (``AnySeq``: any ready, any response, any data, at
     any time, even ones a real slave would never give) and free commands that are assumed
     legal as the controller guarantees (``rows >= 1``, ``1 <= row_bytes <=`` the row width);
-    addresses and strides are free 32-bit values. In every cycle:
+    addresses and strides are free 32-bit values; rows to write are free but, as the store
+    unit sends them, offered only after their command is taken and no more than it has. In
+    every cycle:
 
     * **handshakes hold**: while ``ARVALID`` is high and ``ARREADY`` low, ``ARVALID`` stays
       high and ``araddr/arlen/arsize/arburst`` stay as they are in the next cycle; the same
@@ -89,6 +91,15 @@ class DMAProperties(Elaboratable):
             m.d.comb += port.eq(AnySeq(len(Value.cast(port))))
         self._assume_legal(m, dma.read_cmd, self.read_row_bytes)
         self._assume_legal(m, dma.write_cmd, self.write_row_bytes)
+        # Rows come to the writer as the store unit sends them: only once their command is
+        # taken, and no more than it has. (The writer takes a row whenever its buffer is
+        # empty, whatever its state, and asserts this.)
+        rows_wanted = Signal(16)
+        with m.If(dma.write_cmd.valid & dma.write_cmd.ready):
+            m.d.sync += rows_wanted.eq(dma.write_cmd.payload.rows)
+        with m.Elif(dma.write_row.valid & dma.write_row.ready):
+            m.d.sync += rows_wanted.eq(rows_wanted - 1)
+        m.d.comb += Assume(~dma.write_row.valid | (rows_wanted != 0))
 
         self._stable_while_stalled(m, bus.arvalid, bus.arready,
                                    [bus.araddr, bus.arlen, bus.arsize, bus.arburst], "ar")

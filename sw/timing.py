@@ -349,12 +349,13 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             else:
                 out_count += 1
 
-        # Store unit and writer (their handshakes use this cycle's states). The writer takes
-        # a row in ROW, or into its buffer while it writes the row before (ADDRESS, DATA).
+        # Store unit and writer (their handshakes use this cycle's states). Every row goes
+        # into the writer's one-row buffer, which takes a row whenever it is empty (row.ready
+        # is its empty flag, whatever the writer's state), and the writer loads a row only
+        # from there: in ROW, or at the end of the row before (DATA). Loading a row moves
+        # the writer's row address on to the next.
         next_sd, next_wr = sd_state, wr_state
-        row_offered = sd_state == "ROW"
-        row_taken = (row_offered and not wr_buffered
-                     and wr_state in ("ROW", "ADDRESS", "DATA"))
+        row_taken = sd_state == "ROW" and not wr_buffered
         if sd_state == "COMMAND":
             if wr_state == "IDLE":
                 next_sd = "READ"
@@ -369,13 +370,9 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
         elif sd_state == "WAIT":
             if write_done:
                 next_sd = "IDLE"
-        buffered = wr_buffered
+        load = False
         if wr_state == "ROW":
-            if wr_buffered or row_offered:
-                wr_beat_addr = wr_row_addr - wr_row_addr % bus
-                wr_beats_left = _beats(wr_row_addr, wr_row_bytes, bus)
-                buffered = False
-                next_wr = "ADDRESS"
+            load = wr_buffered
         elif wr_state == "ADDRESS":
             length = min(wr_beats_left, (4096 - wr_beat_addr % 4096) // bus, 256)
             wr_beat_addr += length * bus
@@ -383,13 +380,9 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             wr_burst_left = length
             outstanding += 1
             next_wr = "DATA"
-            if row_taken:
-                buffered = True
         elif wr_state == "DATA":
             write_beats += 1
             wr_burst_left -= 1
-            if row_taken:
-                buffered = True
             if wr_burst_left == 0:
                 responses.append(t + write_response_latency)
                 if wr_beats_left:
@@ -398,17 +391,18 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
                     next_wr = "RESPONSES"
                 else:
                     wr_rows_left -= 1
-                    wr_row_addr += wr_stride
-                    if wr_buffered:
-                        wr_beat_addr = wr_row_addr - wr_row_addr % bus
-                        wr_beats_left = _beats(wr_row_addr, wr_row_bytes, bus)
-                        buffered = False
-                        next_wr = "ADDRESS"
-                    else:
+                    load = wr_buffered
+                    if not load:
                         next_wr = "ROW"
         elif wr_state == "RESPONSES" and write_done:
             next_wr = "IDLE"
-        wr_buffered = buffered
+        if load:
+            wr_beat_addr = wr_row_addr - wr_row_addr % bus
+            wr_beats_left = _beats(wr_row_addr, wr_row_bytes, bus)
+            wr_row_addr += wr_stride
+            next_wr = "ADDRESS"
+        # A row is taken only into an empty buffer, and a row is loaded only from a full one.
+        wr_buffered = (wr_buffered and not load) or row_taken
         if b_fire:
             responses.popleft()
             outstanding -= 1

@@ -60,7 +60,8 @@ class DMA(wiring.Component):
     write_cmd : In(stream.Signature(BlockCommand))
         Write a block; accepted when the writer is idle.
     write_row : In(stream.Signature(8 * write_row_bytes))
-        The rows to write, in order.
+        The rows to write, in order, offered only once their command is taken and no more
+        than it has: the writer takes a row whenever its one-row buffer is empty.
     write_done, write_error : Out(1)
         ``write_done`` pulses once every write response has come back; ``write_error`` is
         then high if one was SLVERR or DECERR or a response came that no burst awaited.
