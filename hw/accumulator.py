@@ -1,6 +1,6 @@
 """The accumulator memory: INT32 rows of C lanes that writes overwrite or add to."""
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
@@ -61,8 +61,9 @@ class AccumulatorMemory(wiring.Component):
     missed, are forwarded: back-to-back accumulations into one row see each other. A K that
     exceeds R is thus reduced on chip, one K-tile after another.
 
-    The forwarding selects are compared a cycle ahead, so the cycle of the add holds a
-    four-way mux and a 32-bit add after the block RAM's output register, nothing more.
+    The forwarding selects are compared a cycle ahead, one-hot and one copy per lane, so
+    the cycle of the add holds a four-way AND-OR and a 32-bit add after the block RAM's
+    output register, nothing more.
 
     Attributes
     ----------
@@ -101,19 +102,27 @@ class AccumulatorMemory(wiring.Component):
             s2.eq(s1), d2.eq(d1),
             H1.eq(S), dH1.eq(dS), H2.eq(H1), dH2.eq(dH1),
         ]
-        # In s1, which of the rows that will be in S, H1 and H2 in s2 are this one's.
-        from_S, from_H1, from_H2 = Signal(), Signal(), Signal()
-        m.d.sync += [
-            from_S.eq(s2.valid & (s2.addr == s1.addr)),
-            from_H1.eq(S.valid & (S.addr == s1.addr)),
-            from_H2.eq(H1.valid & (H1.addr == s1.addr)),
-        ]
-        base = Signal(row)
-        m.d.comb += base.eq(Mux(from_S, dS, Mux(from_H1, dH1, Mux(from_H2, dH2,
-                                                                     memory.old.data))))
+        # In s1, which of the rows that will be in S, H1 and H2 in s2 are this one's: the
+        # newest of them, else the block RAM's, is what s2 adds to (none when it
+        # overwrites). One-hot, so that s2 ANDs and ORs the four rows.
+        from_S = s2.valid & (s2.addr == s1.addr)
+        from_H1 = S.valid & (S.addr == s1.addr)
+        from_H2 = H1.valid & (H1.addr == s1.addr)
+        adds = s1.accumulate
+        picks = Cat(adds & from_S, adds & ~from_S & from_H1,
+                    adds & ~from_S & ~from_H1 & from_H2,
+                    adds & ~from_S & ~from_H1 & ~from_H2)
         m.d.sync += S.eq(s2)
         for lane in range(self.cols):
-            m.d.sync += dS[lane].eq(d2[lane] + Mux(s2.accumulate, base[lane], 0))
+            # One copy of the picks per lane (each drives 4 x 32 inputs, not 4 x 32 x cols):
+            # equal by design, and kept apart in synthesis by their name (fpga/flow.py).
+            pick = Signal(4, name=f"forward_lane_{lane}")
+            m.d.sync += pick.eq(picks)
+            rows = (dS[lane], dH1[lane], dH2[lane], memory.old.data[lane])
+            base = 0
+            for i, value in enumerate(rows):
+                base = base | (value.as_unsigned() & pick[i].replicate(32))
+            m.d.sync += dS[lane].eq(d2[lane] + base.as_signed())
         m.d.comb += [
             memory.write.addr.eq(S.addr),
             memory.write.data.eq(dS),

@@ -118,14 +118,6 @@ WAIVERS = [
      _LONG_ROWS),
     ("npu.dma.writer", r"^wr_\w+: else of wr_burst_last; else of wr_burst_to_4k$",
      _LONG_ROWS),
-    ("npu.dma.reader",
-     r"^buffer: if <hw/dma/reader\.py:\d+>; r_beat = 17'h0*[0-9a-f]+ \[case\]$",
-     "the read buffer's last beat in one build: Yosys writes `buffer[r_beat] <= rdata` as "
-     "one case item per beat of the widest row read unaligned, so the last item is reached "
-     "only by an unaligned row of the widest kind, and which item that is depends on the "
-     "build; a build whose tests read no unaligned row of the widest kind leaves it "
-     "unreached (beat 4 or 5 in the builds listed). Every build with a test that reads "
-     "such a row reaches its last item."),
 ]
 
 

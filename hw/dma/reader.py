@@ -1,6 +1,6 @@
 """The DMA's reader: 2-D strided blocks from DRAM into rows, on the AXI4 read channels."""
 
-from amaranth.hdl import Const, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -60,9 +60,8 @@ class DMAReader(wiring.Component):
         ar_beat_addr = Signal(32)
         ar_beats_left = Signal(17)
         r_active = Signal()
-        r_row_addr = Signal(32)
+        r_offset = Signal(range(bus_bytes))     # the byte offset of the row being received
         r_rows_left = Signal(16)
-        r_beat = Signal(17)
         r_error = Signal()
         r_abort = Signal()          # a framing error: drain the bursts asked for, then end
         r_burst_beat = Signal(8)    # beat within the burst at the head of read_lengths
@@ -92,16 +91,20 @@ class DMAReader(wiring.Component):
             m.d.sync += [
                 ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
-                r_active.eq(1), r_row_addr.eq(cmd.addr), r_rows_left.eq(cmd.rows),
-                r_beat.eq(0), r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
+                r_active.eq(1), r_offset.eq(cmd.addr[:lg]), r_rows_left.eq(cmd.rows),
+                r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
                 beat_is.eq(1),
             ]
 
-        # The arlen of every burst asked for and not yet received, oldest first: its depth
-        # bounds the reads outstanding.
-        m.submodules.read_lengths = lengths = fifo.SyncFIFO(width=8,
+        # The arlen of every burst asked for and not yet received, oldest first, and whether
+        # it ends its row: its depth bounds the reads outstanding. The data side ends a row
+        # at the last beat asked of a burst that ends one, so its row end is an 8-bit
+        # equality, not the row's beat count summed again from its offset and length.
+        m.submodules.read_lengths = lengths = fifo.SyncFIFO(width=9,
                                                             depth=MAX_READS_OUTSTANDING)
+        head_len = lengths.r_data[:8]
+        head_ends_row = lengths.r_data[8]
 
         # Address side: walks the rows and their bursts, ahead of the data.
         ar_next_row = ar_row_addr + stride
@@ -115,7 +118,7 @@ class DMAReader(wiring.Component):
             # The queue only fills at a handshake, so an address offered stays offered.
             bus.arvalid.eq(ar_active & lengths.w_rdy),
             lengths.w_en.eq(bus.arvalid & bus.arready),
-            lengths.w_data.eq(ar_len_minus_one),
+            lengths.w_data.eq(Cat(ar_len_minus_one, ar_last)),
         ]
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [
@@ -141,7 +144,7 @@ class DMAReader(wiring.Component):
         # at its last beat asked, whichever comes first, so a broken slave is drained too.
         r_fire = bus.rvalid & bus.rready
         asked_last = Signal()
-        m.d.comb += asked_last.eq(r_burst_beat == lengths.r_data)
+        m.d.comb += asked_last.eq(r_burst_beat == head_len)
         burst_end = r_fire & lengths.r_rdy & (bus.rlast | asked_last)
         m.d.comb += [
             # Never low: every beat is taken at once (see MAX_READS_OUTSTANDING), and a beat
@@ -160,8 +163,8 @@ class DMAReader(wiring.Component):
         with m.If(drained):
             m.d.sync += r_active.eq(0)
 
-        # Data side: walks the same rows, collecting each row's beats into the buffer.
-        _, r_offset, r_beats = self._row_geometry(m, r_row_addr, row_bytes, "rd_data")
+        # Data side: walks the same rows, collecting each row's beats into the buffer; of
+        # a row's address it needs only the offset, whose next value is a sum of lg bits.
         # Row byte j is byte offset + j of the row's beats: lane l of the rotated beat k
         # is row byte k * bus_bytes + l, or one word lower where the rotation wrapped.
         rdata = data.ArrayLayout(8, bus_bytes)(bus.rdata)
@@ -191,15 +194,14 @@ class DMAReader(wiring.Component):
                                     rotated[lane] & byte_mask[byte].replicate(8))
             with m.If((bus.rresp == Resp.SLVERR) | (bus.rresp == Resp.DECERR)):
                 m.d.sync += r_error.eq(1)
-            m.d.sync += [r_beat.eq(r_beat + 1), beat_is.eq(beat_is << 1)]
-            with m.If(r_beat == r_beats - 1):
+            m.d.sync += beat_is.eq(beat_is << 1)
+            with m.If(asked_last & head_ends_row):
                 m.d.sync += [
                     emit.eq(1),
                     emit_last.eq(r_rows_left == 1),
-                    r_beat.eq(0),
                     beat_is.eq(1),
                     r_rows_left.eq(r_rows_left - 1),
-                    r_row_addr.eq(r_row_addr + stride),
+                    r_offset.eq(r_offset + stride[:lg]),
                 ]
                 with m.If(r_rows_left == 1):
                     m.d.sync += r_active.eq(0)
