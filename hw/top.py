@@ -68,26 +68,28 @@ class NPU(wiring.Component):
         # soft_reset_pending) and waits until the DMA has nothing outstanding, so that no
         # transaction is cut in half; then, a cycle later, it resets every block but the
         # host registers (for two cycles: the pending flag is among what it resets).
-        core_reset = Signal()
-
-        def core(block):
-            return ResetInserter(core_reset)(block)
-
         controller = Controller(config, read_row_bytes=read_row_bytes)
         dma = DMA(data_width=config.bus_width, read_row_bytes=read_row_bytes,
                   write_row_bytes=config.acc_row_bytes, addr_width=config.addr_width)
         scratchpad = Scratchpad(depth=config.spad_depth, row_bytes=config.spad_row_bytes)
         accumulator = AccumulatorMemory(depth=config.acc_depth, cols=config.cols)
         array = SystolicArray(config.rows, config.cols)
-        m.submodules.controller = core(controller)
-        m.submodules.dma = core(dma)
-        m.submodules.scratchpad = scratchpad
-        m.submodules.accumulator = core(accumulator)
-        m.submodules.array = core(array)
 
-        # Registered: it reaches every flip-flop of four blocks (nextpnr gives it a global
-        # net), and as a sum of the DMA's state it made every one of them a long path.
-        m.d.sync += core_reset.eq(controller.soft_reset_pending & dma.idle)
+        # The core reset is registered (as a sum of the DMA's state it made every flip-flop
+        # it reaches a long path), one copy per block, so that each copy reaches only its
+        # block's flip-flops: nextpnr routes it in the fabric like any net (it puts only
+        # clocks on global nets). The copies are equal by design; fpga/flow.py keeps them
+        # apart in synthesis by their name (KEEP_APART).
+        def core(name, block):
+            reset = Signal(name=f"core_reset_{name}")
+            m.d.sync += reset.eq(controller.soft_reset_pending & dma.idle)
+            m.submodules[name] = ResetInserter(reset)(block)
+
+        core("controller", controller)
+        core("dma", dma)
+        m.submodules.scratchpad = scratchpad
+        core("accumulator", accumulator)
+        core("array", array)
 
         # Bus traffic counters: data beats on the AXI4 master, from start to done or error.
         read_bytes = Signal(32)
