@@ -90,8 +90,13 @@ class DMAWriter(wiring.Component):
         # ends at these flip-flops, and row.ready is the buffer's empty flag, with no logic of
         # the writer before it. While a row is written the next one waits here, so its
         # address goes out right after the last beat of the one before; a row that finds the
-        # writer waiting in ROW is loaded a cycle after it is taken.
-        next_row = Signal(8 * self.row_bytes, reset_less=True)
+        # writer waiting in ROW is loaded a cycle after it is taken. The row is shifted onto
+        # its beats (and its strobes made) as it is taken: w_row_addr is then already its
+        # address (rows come only while the command wants them, and the row before left the
+        # buffer first), so loading it into w_data, late in a cycle that waits for wready,
+        # is a plain copy.
+        next_row = Signal(data.ArrayLayout(self.data_width, write_words), reset_less=True)
+        next_strb = Signal(data.ArrayLayout(bus_bytes, write_words))
         next_valid = Signal()
         m.d.comb += [self.row.ready.eq(~next_valid), self.cmd.ready.eq(w_idle)]
 
@@ -129,8 +134,8 @@ class DMAWriter(wiring.Component):
             # Start writing the buffered row at w_row_addr, shifted onto the bus beats, and
             # move on to the row after it.
             m.d.sync += [
-                w_data.eq(next_row << (w_offset * 8)),
-                w_strb.eq(byte_mask << w_offset),
+                w_data.eq(next_row),
+                w_strb.eq(next_strb),
                 w_beat_addr.eq(w_aligned),
                 w_beats_left.eq(w_beats),
                 next_valid.eq(0),
@@ -203,7 +208,8 @@ class DMAWriter(wiring.Component):
         # past its last, so in IDLE and RESPONSES no row is offered or buffered, and none
         # leaks into the next command.
         with m.If(self.row.valid & ~next_valid):
-            m.d.sync += [next_row.eq(self.row.payload), next_valid.eq(1)]
+            m.d.sync += [next_row.eq(self.row.payload << (w_offset * 8)),
+                         next_strb.eq(byte_mask << w_offset), next_valid.eq(1)]
         wants_rows = (writer_fsm.ongoing("ROW") | writer_fsm.ongoing("ADDRESS") |
                       writer_fsm.ongoing("DATA"))
         m.d.sync += [
