@@ -132,11 +132,12 @@ class LoadUnit(wiring.Component):
 
         with m.If(reader.row.valid):
             m.d.sync += count.eq(count + 1)
+            # LOAD_QUANT's two rows, multipliers then shifts, pass through the two stages
+            # as through a shift register, so their enable does not wait for a compare of
+            # the count (these flip-flops sit by the requantizers, far from the reader).
             with m.If(op_quant):
-                with m.If(count == 0):
-                    m.d.sync += staged_multipliers.eq(reader.row.payload)
-                with m.Else():
-                    m.d.sync += staged_shifts.eq(reader.row.payload)
+                m.d.sync += [staged_shifts.eq(reader.row.payload),
+                             staged_multipliers.eq(staged_shifts)]
         # A scratchpad row is written from registers, a cycle after it arrives: the
         # reader's row flip-flops then stay by the reader, and these by the block RAMs.
         # The last row is written in the cycle after ``done``, when the unit is idle: the
