@@ -418,15 +418,15 @@ _STATIC = """\
   stages holds at most one wide shift, multiply, add or clamp, the issue stage compares a
   cycle ahead from flip-flops (decoded kinds, registered unit statuses), faults reach the
   error arbiter from flip-flops, and no reset reaches a data register that a valid flag
-  qualifies (the core reset, itself registered, reaches only state). What is left: the
-  DMA reader's row end (the row's beat count, minus one, compared with the beat counter:
-  three carry chains), and paths of two or three routes of 3 to 5 ns between blocks the
-  placer puts far apart (the DSP and block RAM columns spread the design over the die),
-  with a few LUTs between them: the store unit's row into the DMA writer's shifter, the
-  issue decision into the decoder's head register, the fetcher's grant into the DMA
-  reader. Each needs a register at the boundary, which for the store row is a cycle of
-  latency that the cycle model must follow and the utilization table must afford
-  (docs/performance.md).
+  qualifies (the core reset, itself registered once per block, reaches only state). The
+  DMA writer takes each row into a one-row buffer, shifted onto its beats as it enters,
+  and the reader ends a row at a flag queued with its last burst. What is left is mostly
+  wire: paths of two to four routes of 2 to 6 ns between blocks the placer puts far apart
+  (the DSP and block RAM columns spread the design over the die), with a few LUTs or a
+  carry chain between them: the DMA reader's address side (the burst's 4 KiB test into
+  the row registers), the issue decision into the decoder's head register (about 270
+  enables), the fetcher's grant into the DMA reader's command, the requantizers' stages.
+  Each needs a register at a block boundary, or the blocks kept together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
