@@ -423,10 +423,13 @@ _STATIC = """\
   and the reader ends a row at a flag queued with its last burst. What is left is mostly
   wire: paths of two to four routes of 2 to 6 ns between blocks the placer puts far apart
   (the DSP and block RAM columns spread the design over the die), with a few LUTs or a
-  carry chain between them: the DMA reader's address side (the burst's 4 KiB test into
-  the row registers), the issue decision into the decoder's head register (about 270
-  enables), the fetcher's grant into the DMA reader's command, the requantizers' stages.
-  Each needs a register at a block boundary, or the blocks kept together on the die.
+  carry chain between them: the store unit's read decision (it waits for the writer's
+  `row.ready`) into the accumulator's read port, the store unit's quantization state (one
+  flip-flop per field) into every requantizer lane, the DMA reader's address side (the
+  burst's 4 KiB test into the row registers), the issue decision into the decoder's head
+  register (about 270 enables), the fetcher's grant into the DMA reader's command. Each
+  needs a register at a block boundary, a copy per lane, or the blocks kept together on
+  the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
