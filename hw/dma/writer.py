@@ -131,8 +131,8 @@ class DMAWriter(wiring.Component):
         ]
 
         def load():
-            # Start writing the buffered row at w_row_addr, shifted onto the bus beats, and
-            # move on to the row after it.
+            # Start writing the buffered row (already shifted onto the beats) at w_row_addr,
+            # and move on to the row after it.
             m.d.sync += [
                 w_data.eq(next_row),
                 w_strb.eq(next_strb),
