@@ -150,10 +150,10 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
 
 #: The Yosys command that keeps apart the flip-flops that hw/ copies by design to spread a
 #: fanout (Yosys would merge equal flip-flops back into one): the mesh's weight shift enable,
-#: once per row, the accumulator's forwarding picks, once per lane, and the core reset, once
-#: per block (hw/top.py). After ``proc``.
+#: once per row, the accumulator's forwarding picks, once per lane, the requantizers'
+#: parameters, once per lane, and the core reset, once per block (hw/top.py). After ``proc``.
 KEEP_APART = ("setattr -set keep 1 w:*weight_shift_row_* w:*forward_lane_* %u "
-              "w:*core_reset_* %u %ci1 c:* %i")
+              "w:*param_lane_* %u w:*core_reset_* %u %ci1 c:* %i")
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}

@@ -41,11 +41,19 @@ class RowRequantizer(wiring.Component):
     #: subclass's stages.
     latency = 8
 
+    #: Cycles the parameters must be set before a row's ``valid`` (and held while it is in
+    #: flight): each lane first copies them into registers of its own, so that the one
+    #: state register of the store unit reaches every lane by a route with no logic on it
+    #: (a lane's copy sits by its DSPs; from the state register to a lane's first stage, two
+    #: routes of 7 ns with the left shift's setup between them were the NPU's longest path).
+    setup = 2
+
     def __init__(self, cols, parameters, *, dsp=True):
         if not isinstance(cols, int) or isinstance(cols, bool) or cols < 1:
             raise ValueError(f"cols must be a positive integer, not {cols!r}")
         self.cols = cols
         self.dsp = bool(dsp)
+        self._parameter_names = tuple(parameters) + ("zero_point", "act_min", "act_max")
         super().__init__({
             "valid":        In(1),
             "acc":          In(data.ArrayLayout(signed(32), cols)),
@@ -73,13 +81,28 @@ class RowRequantizer(wiring.Component):
             valid = registered
         m.d.sync += self.result_valid.eq(valid)
 
+        # Each lane's copy of the parameters (``param_lane_<lane>_<name>``; the FPGA flow
+        # keeps the copies of the shared ones apart: fpga/flow.py's KEEP_APART).
+        self._params = []
+        for lane in range(self.cols):
+            copies = {}
+            for name in self._parameter_names:
+                value = getattr(self, name)
+                if isinstance(value.shape(), data.ArrayLayout):
+                    value = value[lane]
+                copies[name] = Signal(value.shape(), name=f"param_lane_{lane}_{name}",
+                                      reset_less=True)
+                m.d.sync += copies[name].eq(value)
+            self._params.append(copies)
+
         for lane, result in enumerate(self._lanes(m, on_dsp)):
             with m.If(valid):
                 m.d.sync += self.result[lane].eq(result)
         return m
 
     def _lanes(self, m, on_dsp):
-        """Every lane's clamped value, from the registers of stage ``latency - 1``."""
+        """Every lane's clamped value, from the registers of stage ``latency - 1``; a lane
+        reads its parameters from ``self._params[lane]``."""
         raise NotImplementedError
 
 
@@ -111,10 +134,10 @@ class Requantizer(RowRequantizer):
 
     A row given with ``valid`` in cycle ``t`` is on ``result`` from cycle ``t + latency``
     until the next valid row has gone through; rows may follow each other in every cycle.
-    ``multiplier``, ``zero_point`` and the clamp bounds are read by later stages, and the
-    left shift from a register loaded every cycle: they hold while a row is in flight and
-    are set at least a cycle before it (the controller changes them only in ``LOAD_QUANT``,
-    which waits for the store unit, whose ``STORE_Q`` rows start cycles later).
+    The parameters are copied into each lane (:attr:`setup`), then read by the stages:
+    they hold while a row is in flight and are set at least :attr:`setup` cycles before it
+    (the controller changes them only in ``LOAD_QUANT``, which waits for the store unit,
+    whose ``STORE_Q`` rows start cycles later).
 
     Parameters
     ----------
@@ -151,15 +174,15 @@ class Requantizer(RowRequantizer):
             return registered
 
         acc = self._acc_in[lane]
-        multiplier = self.multiplier[lane]
-        shift = self.shift[lane]
+        params = self._params[lane]
+        multiplier = params["multiplier"]
+        shift = params["shift"]
 
         # 1: saturating left shift. The product fits 32 bits when the bits shifted past the
         # sign (bits 31 - left and up) are all sign bits: when acc with its sign bits
         # cleared (acc ^ its sign) is below 2**(31 - left). The shift and that bound are
-        # registered once (``shift`` holds while rows are in flight, like ``multiplier``,
-        # and the store unit's state register is far from here), so the check is one
-        # comparison beside the shifter, not a second shifter before it.
+        # registered once (``shift`` holds while rows are in flight, like ``multiplier``),
+        # so the check is one comparison beside the shifter, not a second shifter before it.
         left = Signal(range(32), name=f"left_{lane}")
         fits_below = Signal(unsigned(32), name=f"fits_below_{lane}")
         left_next = Mux(shift < 0, -shift, 0)[:5]
@@ -181,7 +204,7 @@ class Requantizer(RowRequantizer):
 
         # From stage 1's registers, which sit beside the shifter: the route to the DSP is
         # this stage's, not the accumulator read's.
-        halves_x, halves_m = halves(x_1), halves(stage(multiplier, signed(32), "m_1"))
+        halves_x, halves_m = halves(x_1), halves(multiplier)
         operands = {"x_low": halves_x["low"], "x_high": halves_x["high"],
                     "m_low": halves_m["low"], "m_high": halves_m["high"]}
         products = {}
@@ -229,15 +252,15 @@ class Requantizer(RowRequantizer):
         # 6: shifted + zero point + round-up, as one adder with the round-up as carry in:
         # (2a + c) + (2b + c) = 2 (a + b + c).
         doubled = (Cat(round_up_5, shifted_5).as_signed() +
-                   Cat(round_up_5, self.zero_point).as_signed())
+                   Cat(round_up_5, params["zero_point"]).as_signed())
         with_zero_point_6 = stage(doubled[1:].as_signed(), signed(33), "with_zero_point_6")
 
         # 7: the clamp.
         clamped = Signal(signed(8), name=f"clamped_{lane}")
-        with m.If(with_zero_point_6 < self.act_min):
-            m.d.comb += clamped.eq(self.act_min)
-        with m.Elif(with_zero_point_6 > self.act_max):
-            m.d.comb += clamped.eq(self.act_max)
+        with m.If(with_zero_point_6 < params["act_min"]):
+            m.d.comb += clamped.eq(params["act_min"])
+        with m.Elif(with_zero_point_6 > params["act_max"]):
+            m.d.comb += clamped.eq(params["act_max"])
         with m.Else():
             m.d.comb += clamped.eq(with_zero_point_6)
         return clamped

@@ -76,13 +76,14 @@ class FloatRequantizer(RowRequantizer):
        float32 rounding increment at bit 23 or 24;
     7. the rounding decisions, ``zero_point +- |y|`` in one adder with the round-up as its
        carry-in, and beside it the clamp, as comparisons of the magnitude with the bounds
-       (precomputed from the zero point and clamp, one register per block).
+       (precomputed from the zero point and clamp, one register per lane).
 
     The row timing and :attr:`latency` are :class:`~hw.requant.Requantizer`'s (the frame of
     :class:`~hw.requant.RowRequantizer`), so the store unit waits the same in both modes: a
     row given with ``valid`` in cycle ``t`` is on ``result`` from cycle ``t + latency`` until
     the next valid row has gone through. ``scale``, ``zero_point`` and the clamp bounds must
-    hold while a row is in flight and from the cycle before it on.
+    hold while a row is in flight and from :attr:`setup` cycles before it on (each lane
+    copies them first).
 
     Parameters
     ----------
@@ -106,26 +107,28 @@ class FloatRequantizer(RowRequantizer):
         super().__init__(cols, {"scale": unsigned(32)}, dsp=dsp)
 
     def _lanes(self, m, on_dsp):
-        # The clamp as bounds on the magnitude |y| of the rounded product, for a positive
-        # and a negative product (y + zero_point > act_max: |y| > act_max - zero_point, or
-        # |y| < zero_point - act_max), computed once for every lane; they are static while
-        # rows are in flight, so a register costs nothing but a cycle after LOAD_QUANT.
-        bounds = {}
-        for name, value in [
-                ("above_positive", self.act_max - self.zero_point),
-                ("below_positive", self.act_min - self.zero_point),
-                ("above_negative", self.zero_point - self.act_min),
-                ("below_negative", self.zero_point - self.act_max)]:
-            bounds[name] = Signal(signed(10), name=f"bound_{name}")
-            m.d.sync += bounds[name].eq(value)
-        return [self._lane(m, lane, on_dsp, bounds) for lane in range(self.cols)]
+        return [self._lane(m, lane, on_dsp) for lane in range(self.cols)]
 
-    def _lane(self, m, lane, on_dsp, bounds):
+    def _lane(self, m, lane, on_dsp):
         """The stages of one lane; returns the clamped value, to register as the result."""
         def stage(value, shape, name):
             registered = Signal(shape, name=f"{name}_{lane}", reset_less=True)
             m.d.sync += registered.eq(value)
             return registered
+
+        params = self._params[lane]
+        zero_point, act_min, act_max = (params[name] for name in ("zero_point", "act_min",
+                                                                  "act_max"))
+        # The clamp as bounds on the magnitude |y| of the rounded product, for a positive
+        # and a negative product (y + zero_point > act_max: |y| > act_max - zero_point, or
+        # |y| < zero_point - act_max), from the lane's copies of the parameters; they are
+        # static while rows are in flight, so a register costs nothing but a cycle after
+        # LOAD_QUANT (stage 7 reads them, long after the copies' setup).
+        bounds = {name: stage(value, signed(10), f"bound_{name}") for name, value in [
+            ("above_positive", act_max - zero_point),
+            ("below_positive", act_min - zero_point),
+            ("above_negative", zero_point - act_min),
+            ("below_negative", zero_point - act_max)]}
 
         def delayed(value, shape, name, stages):
             for number in stages:
@@ -133,7 +136,7 @@ class FloatRequantizer(RowRequantizer):
             return value
 
         acc = self._acc_in[lane]
-        scale = self.scale[lane]
+        scale = params["scale"]
         exponent = scale[23:31]
         negative_scale = scale[31]
 
@@ -217,7 +220,7 @@ class FloatRequantizer(RowRequantizer):
         wide = Cat(integer, Const(0, 3)).as_signed()
         carry_in = up ^ sign_6
         doubled = (Cat(carry_in, Mux(sign_6, ~wide, wide)).as_signed() +
-                   Cat(carry_in, self.zero_point).as_signed())
+                   Cat(carry_in, zero_point).as_signed())
         unclamped = doubled[1:].as_signed()
         # Beside it the clamp, from the magnitude: |y| > bound is integer > bound without a
         # round-up and integer >= bound with one; |y| < bound is integer < bound - up.
@@ -228,9 +231,9 @@ class FloatRequantizer(RowRequantizer):
         too_small = Mux(up, magnitude < below - 1, magnitude < below)
         clamped = Signal(signed(8), name=f"clamped_{lane}")
         with m.If(too_big):
-            m.d.comb += clamped.eq(Mux(sign_6, self.act_min, self.act_max))
+            m.d.comb += clamped.eq(Mux(sign_6, act_min, act_max))
         with m.Elif(too_small):
-            m.d.comb += clamped.eq(Mux(sign_6, self.act_max, self.act_min))
+            m.d.comb += clamped.eq(Mux(sign_6, act_max, act_min))
         with m.Else():
             m.d.comb += clamped.eq(unclamped)
         return clamped

@@ -21,6 +21,7 @@ def _run(cols, rows, multiplier, shift, zero_point, act_min, act_max):
         ctx.set(dut.zero_point, zero_point)
         ctx.set(dut.act_min, act_min)
         ctx.set(dut.act_max, act_max)
+        await ctx.tick().repeat(Requantizer.setup)     # the lanes copy the parameters
         for cycle, row in enumerate(list(rows) + [None] * latency):
             ctx.set(dut.valid, row is not None)
             if row is not None:
@@ -80,6 +81,7 @@ def test_result_holds_until_the_next_row():
         ctx.set(dut.shift, [4, 4])
         ctx.set(dut.act_min, -128)
         ctx.set(dut.act_max, 127)
+        await ctx.tick().repeat(Requantizer.setup)
         ctx.set(dut.acc, acc[0])
         ctx.set(dut.valid, 1)
         await ctx.tick()

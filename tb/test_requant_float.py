@@ -39,6 +39,7 @@ def _run(batches, design=FloatRequantizer):
             ctx.set(dut.zero_point, zero_point)
             ctx.set(dut.act_min, act_min)
             ctx.set(dut.act_max, act_max)
+            await ctx.tick().repeat(dut.setup)     # the lanes copy the parameters
             outputs.append([])
             for cycle, row in enumerate(list(rows) + [None] * latency):
                 ctx.set(dut.valid, row is not None)
@@ -156,6 +157,7 @@ def test_result_holds_until_the_next_row():
         ctx.set(dut.scale, [int(bits) for bits in scale.view(np.uint32)])
         ctx.set(dut.act_min, -128)
         ctx.set(dut.act_max, 127)
+        await ctx.tick().repeat(FloatRequantizer.setup)
         ctx.set(dut.acc, [10, 10])
         ctx.set(dut.valid, 1)
         await ctx.tick()

@@ -93,7 +93,11 @@ class StoreUnit(wiring.Component):
         addr = Signal(32)
         stride = Signal(32)
         pc = Signal(32)
-        count = Signal(16)
+        # Rows still to hand over after the one in ROW, and whether it is the last: kept
+        # in flip-flops, so that the next read's decision (into the accumulator's block RAM,
+        # across the die) waits for no compare of a count.
+        rows_after = Signal(16)
+        last = Signal()
         lo = Signal(32)
         hi = Signal(33)
         # While idle, the registers follow the instruction at the issue stage's head, so
@@ -105,7 +109,8 @@ class StoreUnit(wiring.Component):
                 op.eq(cmd.payload.instr.opcode), acc.eq(cmd.payload.acc),
                 read_addr.eq(cmd.payload.acc.lo),
                 rows.eq(store.rows), row_bytes.eq(store.row_bytes), addr.eq(store.dram_addr),
-                stride.eq(store.dram_stride), pc.eq(cmd.payload.pc), count.eq(0),
+                stride.eq(store.dram_stride), pc.eq(cmd.payload.pc),
+                rows_after.eq(store.rows - 1), last.eq(store.rows == 1),
                 lo.eq(cmd.payload.lo), hi.eq(cmd.payload.hi),
             ]
         m.d.comb += [
@@ -163,8 +168,8 @@ class StoreUnit(wiring.Component):
                 with m.Else():
                     m.d.comb += writer.row.payload.eq(self.acc.data)
                 with m.If(writer.row.ready):
-                    m.d.sync += count.eq(count + 1)
-                    with m.If(count == rows - 1):
+                    m.d.sync += [rows_after.eq(rows_after - 1), last.eq(rows_after == 1)]
+                    with m.If(last):
                         m.next = "WAIT"
                     with m.Else():
                         m.d.comb += read.eq(1)
@@ -187,5 +192,15 @@ class StoreUnit(wiring.Component):
         with m.If((fsm.ongoing("WAIT") & writer.done & ~writer.error) | fsm.ongoing("FAILED")):
             m.d.sync += idle_reg.eq(1)
         m.d.sync += Assert(idle_reg == fsm.ongoing("IDLE"), "store unit: idle out of step")
+        # The requantizers copy the state into each lane first: a row must not reach them
+        # before the copies hold the state the last LOAD_QUANT set (Requantizer.setup).
+        quant_age = Signal(range(Requantizer.setup + 1), init=Requantizer.setup)
+        with m.If(self.quant.valid):
+            m.d.sync += quant_age.eq(0)
+        with m.Elif(quant_age != Requantizer.setup):
+            m.d.sync += quant_age.eq(quant_age + 1)
+        m.d.sync += Assert(~requant.valid | (quant_age == Requantizer.setup),
+                           "store unit: a STORE_Q row before the requantizers' copies of "
+                           "the state")
         m.d.comb += [idle.eq(idle_reg), status.busy.eq(~idle), status.follows.eq(idle)]
         return m
