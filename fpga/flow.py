@@ -8,7 +8,8 @@ AXI port bit registered and reached through a scan chain, five pins in all), ela
 :func:`hw.pe.mac_pipeline`).
 
 :func:`run` writes, in its build folder, ``npu.v`` (what Yosys reads), ``synth.log``,
-``npu.json`` (the netlist), ``pnr.log``, ``nextpnr.json`` (nextpnr's own report) and
+``npu.json`` (the netlist), ``pnr.log``, ``nextpnr.json`` (nextpnr's own report),
+``npu.sdf`` (every routed delay, for :mod:`fpga.sta`) and
 ``report.json``: resources (LUT4, flip-flops, MULT18X18D, DP16KD, ...), nextpnr's Fmax and
 the critical path.
 """
@@ -151,9 +152,10 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
 #: The Yosys command that keeps apart the flip-flops that hw/ copies by design to spread a
 #: fanout (Yosys would merge equal flip-flops back into one): the mesh's weight shift enable,
 #: once per row, the accumulator's forwarding picks, once per lane, the requantizers'
-#: parameters, once per lane, and the core reset, once per block (hw/top.py). After ``proc``.
+#: parameters and the store unit's row selects, once per lane, and the core reset, once per
+#: block (hw/top.py). After ``proc``.
 KEEP_APART = ("setattr -set keep 1 w:*weight_shift_row_* w:*forward_lane_* %u "
-              "w:*param_lane_* %u w:*core_reset_* %u %ci1 c:* %i")
+              "w:*param_lane_* %u w:*select_lane_* %u w:*core_reset_* %u %ci1 c:* %i")
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}
@@ -198,7 +200,8 @@ def place_and_route(workdir, *, device, frequency_mhz, seed=1, router="router2",
         DEVICES[device]["nextpnr"], "--package", package, "--speed", speed,
         "--json", "npu.json", "--lpf", "npu.lpf", "--lpf-allow-unconstrained",
         "--router", router, "--seed", str(seed), "--timing-allow-fail",
-        "--report", "nextpnr.json", "--textcfg", "npu.config", "--log", "pnr.log", "-q",
+        "--report", "nextpnr.json", "--sdf", "npu.sdf", "--textcfg", "npu.config",
+        "--log", "pnr.log", "-q",
     ]
     return _run_tool(command, workdir / "pnr.stdout", "nextpnr-ecp5")
 

@@ -471,3 +471,71 @@ def test_write_report_runs_every_seed_in_workers(monkeypatch, tmp_path, capfd):
                      log=lambda line: None)
     assert str(error.value) == ("1 of 2 runs failed: 2x2 npu seed 1: nextpnr-ecp5 failed "
                                 "(exit 1); see pnr.log")
+
+
+# Three flip-flops and a LUT, as nextpnr writes them (times in ps, min:typ:max): a -> lut ->
+# b (0.5 + 1.0 + 0.4 + 0.6 ns), c -> b directly (0.5 + 3.0 ns), b -> a (0.5 + 0.2 ns).
+_SDF = r"""(DELAYFILE
+  (SDFVERSION "3.0")
+  (TIMESCALE 1ps)
+  (CELL
+    (CELLTYPE "top")
+    (INSTANCE )
+    (DELAY
+      (ABSOLUTE
+        (INTERCONNECT \$gbuf\$clk/CLKO a\$ff/CLK (0:0:0) (0:0:0))
+        (INTERCONNECT \$gbuf\$clk/CLKO b/CLK (0:0:0) (0:0:0))
+        (INTERCONNECT \$gbuf\$clk/CLKO c/CLK (0:0:0) (0:0:0))
+        (INTERCONNECT a\$ff/Q lut/A (800:900:1000) (800:900:1000))
+        (INTERCONNECT lut/F b/DI (500:550:600) (500:550:600))
+        (INTERCONNECT c/Q b/DI (2000:2500:3000) (2000:2500:3000))
+        (INTERCONNECT b/Q a\$ff/DI (100:150:200) (100:150:200))
+      )
+    )
+  )
+  (CELL
+    (CELLTYPE "TRELLIS_COMB")
+    (INSTANCE lut)
+    (DELAY
+      (ABSOLUTE
+        (IOPATH A F (300:350:400) (300:350:400))
+      )
+    )
+    )
+""" + "".join(f"""  (CELL
+    (CELLTYPE "TRELLIS_FF")
+    (INSTANCE {name})
+    (DELAY
+      (ABSOLUTE
+        (IOPATH CLK Q (430:477:500) (430:477:500))
+      )
+    )
+    (TIMINGCHECK
+      (SETUPHOLD (posedge DI) (posedge CLK) (300:300:300) (0:0:0))
+      (SETUPHOLD (negedge DI) (posedge CLK) (300:300:300) (0:0:0))
+    )
+    )
+""" for name in (r"a\$ff", "b", "c")) + ")\n"
+
+
+def test_sta_finds_every_endpoints_worst_path():
+    """fpga.sta: worst arrivals through cells and routes, from the clock-to-output on (the
+    clock network left out), the setup added, each path traced back to its register."""
+    from fpga.sta import analyze, group, read_sdf
+    graph = read_sdf(_SDF)
+    assert graph.starts == {("a$ff", "Q"): 0.5, ("b", "Q"): 0.5, ("c", "Q"): 0.5}
+    endpoints = analyze(graph, 3.0)
+    assert [(e.pin, e.arrival, e.slack, e.start) for e in endpoints] == [
+        (("b", "DI"), 3.8, -0.8, ("c", "Q")),       # 0.5 + 3.0 (not 2.5 by the LUT) + 0.3
+        (("a$ff", "DI"), 1.0, 2.0, ("b", "Q")),
+    ]
+    assert endpoints[0].steps == [("route", 3.0, ("b", "DI"))]
+    assert (endpoints[0].routing, endpoints[0].logic) == (3.0, 0.8)
+    assert [(key, [e.pin for e in members]) for key, members in group(
+        endpoints, {"c": "hw/x.py:1", "b": "hw/y.py:2"})] == [
+        (("hw/x.py:1", "hw/y.py:2"), [("b", "DI")])]
+    # Without c, the worst path into b is a's, through the LUT.
+    lut_path = analyze(read_sdf(_SDF.replace("c/Q b/DI", "c/Q nowhere/DI")), 3.0)
+    worst_b = next(e for e in lut_path if e.pin == ("b", "DI"))
+    assert (worst_b.start, worst_b.arrival) == (("a$ff", "Q"), 2.8)
+    assert [kind for kind, _, _ in worst_b.steps] == ["route", "logic", "route"]

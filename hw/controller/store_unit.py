@@ -1,7 +1,7 @@
 """The store unit: ``STORE`` and ``STORE_Q``, from the accumulator's read port through the
 requantizer to the DMA writer."""
 
-from amaranth.hdl import Assert, Module, Mux, Signal, signed
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
@@ -83,7 +83,6 @@ class StoreUnit(wiring.Component):
                 block.act_min.eq(state.act_min),
                 block.act_max.eq(state.act_max),
             ]
-        requantized = Mux(state.mode == QuantMode.FLOAT, requant_float.result, requant.result)
 
         op = Signal(8)
         acc = Signal(RowRange)
@@ -125,6 +124,23 @@ class StoreUnit(wiring.Component):
             self.acc.addr.eq(read_addr),
         ]
 
+        # The row to the writer, chosen per 32-bit lane of the row (the accumulator's lane,
+        # or four requantized bytes) by copies of the two selects, one per lane
+        # (``select_lane_<lane>_*``, kept apart on the FPGA by fpga/flow.py's KEEP_APART):
+        # one flip-flop of the state and one of the opcode drove every bit of the row, by
+        # routes of 5 ns across the die. The copies follow a cycle late; ROW comes later.
+        row_out = []
+        for lane in range(cols):
+            quantized = Signal(name=f"select_lane_{lane}_quantized")
+            floating = Signal(name=f"select_lane_{lane}_float")
+            requantized = Cat(*[Mux(floating, requant_float.result[byte], requant.result[byte])
+                                for byte in range(4 * lane, min(4 * lane + 4, cols))])
+            row_out.append(Mux(quantized, requantized, self.acc.data[lane])[:32])
+            m.d.sync += [quantized.eq(op == Opcode.STORE_Q),
+                         floating.eq(state.mode == QuantMode.FLOAT)]
+            selects = (quantized, floating)
+        m.d.comb += writer.row.payload.eq(Cat(*row_out))
+
         assert Requantizer.latency >= 2, "REQUANTIZE and at least one REQUANTIZE_WAIT"
         requant_wait = Signal(range(Requantizer.latency - 1))
         read = Signal()
@@ -163,10 +179,9 @@ class StoreUnit(wiring.Component):
                     m.next = "ROW"
             with m.State("ROW"):
                 m.d.comb += writer.row.valid.eq(1)
-                with m.If(op == Opcode.STORE_Q):
-                    m.d.comb += writer.row.payload.eq(requantized)
-                with m.Else():
-                    m.d.comb += writer.row.payload.eq(self.acc.data)
+                m.d.sync += Assert(Cat(*selects) == Cat(op == Opcode.STORE_Q,
+                                                        state.mode == QuantMode.FLOAT),
+                                   "store unit: the row's selects out of step")
                 with m.If(writer.row.ready):
                     m.d.sync += [rows_after.eq(rows_after - 1), last.eq(rows_after == 1)]
                     with m.If(last):

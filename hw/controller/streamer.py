@@ -206,10 +206,27 @@ class Streamer(wiring.Component):
         ]
 
         # Results leave the array in order: each goes to the oldest MATMUL's next row. The
-        # write port is the load unit's otherwise.
+        # write port is the load unit's otherwise. That row's address (oldest.acc.lo +
+        # out_count) is kept in a flip-flop, so that the accumulator's block RAM, across the
+        # die, is not at the end of the slot mux and an adder: it steps with each result,
+        # takes the next MATMUL's first row when the oldest's last leaves (the other slot's,
+        # or the issue stage's head's, which the tail slot follows, when that slot is the
+        # tail), and follows the head while no MATMUL is queued.
+        write_addr = Signal.like(self.acc.addr)
+        with m.If(self.result.valid):
+            with m.If(pop):
+                m.d.sync += write_addr.eq(Mux(queued == 1, cmd.payload.acc.lo,
+                                              Mux(head, slots[0].acc.lo, slots[1].acc.lo)))
+            with m.Else():
+                m.d.sync += write_addr.eq(write_addr + 1)
+        with m.Elif(queued == 0):
+            m.d.sync += write_addr.eq(cmd.payload.acc.lo)
+        m.d.sync += Assert(~self.result.valid |
+                           (write_addr == (oldest.acc.lo + out_count)[:len(write_addr)]),
+                           "streamer: write_addr out of step")
         with m.If(self.result.valid):
             m.d.comb += [
-                self.acc.addr.eq(oldest.acc.lo + out_count),
+                self.acc.addr.eq(write_addr),
                 self.acc.data.eq(self.result.payload),
                 self.acc.accumulate.eq(oldest.accumulate),
                 self.acc.en.eq(1),

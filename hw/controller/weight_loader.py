@@ -1,7 +1,7 @@
 """The weight loader: ``PRELOAD``, from the scratchpad's second read port into the array's
 shadow weights."""
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Assert, Module, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
@@ -72,15 +72,19 @@ class WeightLoader(wiring.Component):
         with m.If(cmd.valid):
             m.d.sync += busy.eq(1)
 
+        # ``guard == 0`` kept in a flip-flop beside the count, so that the read's enable
+        # (into the scratchpad's block RAM, across the die) waits for no comparison; the
+        # address is the register itself (it does not matter while the port is not enabled).
+        guard_zero = Signal(init=1)
         with m.If(guard != 0):
-            m.d.sync += guard.eq(guard - 1)
+            m.d.sync += [guard.eq(guard - 1), guard_zero.eq(guard == 1)]
         with m.If(self.commit.take & pending):
-            m.d.sync += guard.eq(rows + cols - 1)
+            m.d.sync += [guard.eq(rows + cols - 1), guard_zero.eq(0)]
+        m.d.sync += Assert(guard_zero == (guard == 0), "weight loader: guard_zero out of step")
 
         m.d.sync += [read.eq(0), arrive.eq(read)]
-        m.d.comb += self.spad.en.eq(busy & (guard == 0))
-        with m.If(busy & (guard == 0)):
-            m.d.comb += self.spad.addr.eq(read_addr)
+        m.d.comb += [self.spad.en.eq(busy & guard_zero), self.spad.addr.eq(read_addr)]
+        with m.If(busy & guard_zero):
             m.d.sync += [read.eq(1), count.eq(count + 1), read_addr.eq(read_addr - 1)]
             with m.If(count == rows - 1):
                 m.d.sync += [busy.eq(0), pending.eq(1)]
