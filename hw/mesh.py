@@ -1,6 +1,6 @@
 """The R x C grid of processing elements, wired to their neighbours and nothing else."""
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Module, ResetInserter, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -53,6 +53,9 @@ class Mesh(wiring.Component):
         Shift every column's shadow weights one PE south.
     south : Out(ArrayLayout(signed(32), cols))
         Partial sum leaving the bottom PE of each column (registered in that PE).
+    reset_row : In(ArrayLayout(1, rows))
+        A reset of each row's PEs (and its weight shift enable), beside the domain's: the
+        soft reset's copy for that row (:class:`SystolicArray`).
     """
     def __init__(self, rows, cols, *, mac_pipeline=0, dsp_pes=None):
         if not isinstance(mac_pipeline, int) or not 0 <= mac_pipeline <= max(cols - 1, 0):
@@ -71,6 +74,7 @@ class Mesh(wiring.Component):
             "north_weight": In(data.ArrayLayout(signed(8), cols)),
             "weight_shift": In(1),
             "south":        Out(data.ArrayLayout(signed(32), cols)),
+            "reset_row":    In(data.ArrayLayout(1, rows)),
         })
 
     def elaborate(self, platform):
@@ -82,10 +86,11 @@ class Mesh(wiring.Component):
             north_weight = Signal.like(self.north_weight, name="north_weight_late")
             m.d.sync += north_weight.eq(self.north_weight)
             row_shifts = [Signal(name=f"weight_shift_row_{i}") for i in range(self.rows)]
-            m.d.sync += [shift.eq(self.weight_shift) for shift in row_shifts]
+            for i, shift in enumerate(row_shifts):
+                m.d.sync += shift.eq(self.weight_shift & ~self.reset_row[i])
         for i, pe_row in enumerate(pes):
             for j, pe in enumerate(pe_row):
-                m.submodules[f"pe_{i}_{j}"] = pe
+                m.submodules[f"pe_{i}_{j}"] = ResetInserter(self.reset_row[i])(pe)
                 m.d.comb += pe.w_shift.eq(row_shifts[i])
                 if j <= self.mac_pipeline:
                     m.d.comb += [

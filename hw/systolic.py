@@ -1,6 +1,6 @@
 """The mesh with its input skew and output alignment: rows in, aligned result rows out."""
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Module, ResetInserter, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -60,6 +60,12 @@ class SystolicArray(wiring.Component):
         Aligned result rows.
     south : Out(ArrayLayout(signed(32), cols))
         The mesh's south edge before alignment (for tests and traces).
+    soft_reset : In(1)
+        Resets the array's state (the weights, commit and valid flags) as the domain's
+        reset does, one cycle later: it is registered once per PE row
+        (``core_reset_row_<i>``, reaching that row's PEs) and once for the skew and valid
+        flags (``core_reset_edges``), so that no one flip-flop drives a reset to the whole
+        array (on the FPGA that net, spread over the DSP rows, was a long path).
     """
     def __init__(self, rows, cols, *, mac_pipeline=None):
         if not isinstance(rows, int) or rows < 1:
@@ -83,6 +89,7 @@ class SystolicArray(wiring.Component):
             "result": Out(stream.Signature(data.ArrayLayout(signed(32), cols),
                                            always_ready=True)),
             "south":  Out(data.ArrayLayout(signed(32), cols)),
+            "soft_reset": In(1),
         })
 
     def elaborate(self, platform):
@@ -97,6 +104,17 @@ class SystolicArray(wiring.Component):
                 block._MustUse__silence = True
             self.mesh = Mesh(self.rows, self.cols, mac_pipeline=pipeline, dsp_pes=budget)
         m.submodules.mesh = mesh = self.mesh
+
+        # The soft reset's copies: one per PE row, one for the skew and valid flags (built in
+        # ``edges``, a module of their own so that this one copy resets them).
+        edge_reset = Signal(name="core_reset_edges")
+        m.d.sync += edge_reset.eq(self.soft_reset)
+        for i in range(self.rows):
+            row_reset = Signal(name=f"core_reset_row_{i}")
+            m.d.sync += row_reset.eq(self.soft_reset)
+            m.d.comb += mesh.reset_row[i].eq(row_reset)
+        edges = Module()
+        m.submodules.edges = ResetInserter(edge_reset)(edges)
 
         # Idle cycles feed zero activations, so nothing but real rows ever reaches a psum.
         lanes = Signal.like(self.act.payload.lanes)
@@ -113,7 +131,7 @@ class SystolicArray(wiring.Component):
             for stage in range(i):
                 a_next = Signal(signed(8), name=f"skew_a_{i}_{stage}", reset_less=True)
                 c_next = Signal(name=f"skew_commit_{i}_{stage}")
-                m.d.sync += [a_next.eq(a), c_next.eq(c)]
+                edges.d.sync += [a_next.eq(a), c_next.eq(c)]
                 a, c = a_next, c_next
             m.d.comb += [mesh.west[i].eq(a), mesh.west_commit[i].eq(c)]
 
@@ -137,7 +155,7 @@ class SystolicArray(wiring.Component):
         valid = self.act.valid
         for stage in range(self.latency):
             valid_next = Signal(name=f"result_valid_{stage}")
-            m.d.sync += valid_next.eq(valid)
+            edges.d.sync += valid_next.eq(valid)
             valid = valid_next
         m.d.comb += self.result.valid.eq(valid)
 

@@ -78,18 +78,22 @@ class NPU(wiring.Component):
         # The core reset is registered (as a sum of the DMA's state it made every flip-flop
         # it reaches a long path), one copy per block, so that each copy reaches only its
         # block's flip-flops: nextpnr routes it in the fabric like any net (it puts only
-        # clocks on global nets). The copies are equal by design; fpga/flow.py keeps them
+        # clocks on global nets). The array makes its own copies, one per PE row
+        # (SystolicArray.soft_reset). The copies are equal by design; fpga/flow.py keeps them
         # apart in synthesis by their name (KEEP_APART).
+        soft_reset = controller.soft_reset_pending & dma.idle
+
         def core(name, block):
             reset = Signal(name=f"core_reset_{name}")
-            m.d.sync += reset.eq(controller.soft_reset_pending & dma.idle)
+            m.d.sync += reset.eq(soft_reset)
             m.submodules[name] = ResetInserter(reset)(block)
 
         core("controller", controller)
         core("dma", dma)
         m.submodules.scratchpad = scratchpad
         core("accumulator", accumulator)
-        core("array", array)
+        m.submodules.array = array
+        m.d.comb += array.soft_reset.eq(soft_reset)
 
         # Bus traffic counters: data beats on the AXI4 master, from start to done or error.
         read_bytes = Signal(32)

@@ -206,3 +206,51 @@ def test_mac_pipeline_needs_alignment_slack():
     with pytest.raises(ValueError, match="from 0 to cols - 1 = 2, not 3"):
         SystolicArray(4, 3, mac_pipeline=3)
     gc.collect()   # the half-built array warns when collected; collect it here, filtered
+
+
+@pytest.mark.parametrize("mac_pipeline", [0, 3])
+def test_soft_reset_clears_weights_and_rows_in_flight(mac_pipeline):
+    """``soft_reset`` (registered once per PE row and once for the valid flags) resets the
+    active and shadow weights of every row and drops a row in flight, one cycle later, as
+    the domain's reset would."""
+    rows, cols = 3, 4
+    rng = np.random.default_rng(0x50F7)
+    weights = rng.integers(-128, 128, size=(rows, cols))
+    x = rng.integers(-128, 128, size=rows)
+    dut = SystolicArray(rows, cols, mac_pipeline=mac_pipeline)
+    results = []
+
+    async def testbench(ctx):
+        async def send(row, commit, extra=None):
+            ctx.set(dut.act.payload.lanes, [int(a) for a in row])
+            ctx.set(dut.act.payload.commit, commit)
+            ctx.set(dut.act.valid, 1)
+            await ctx.tick()
+            ctx.set(dut.act.valid, 0)
+            if extra is not None:
+                ctx.set(extra, 1)
+                await ctx.tick()
+                ctx.set(extra, 0)
+            for _ in range(dut.latency + 4):
+                if ctx.get(dut.result.valid):
+                    results.append([int(v) for v in ctx.get(dut.result.payload)])
+                await ctx.tick()
+            results.append(None)
+
+        for i in reversed(range(rows)):
+            ctx.set(dut.weight.payload, [int(w) for w in weights[i]])
+            ctx.set(dut.weight.valid, 1)
+            await ctx.tick()
+        ctx.set(dut.weight.valid, 0)
+        await send(x, 1)                             # commits the tile
+        ctx.set(dut.weight.payload, [int(w) for w in weights[0]])
+        ctx.set(dut.weight.valid, 1)                 # a shadow row, reset before use
+        await ctx.tick()
+        ctx.set(dut.weight.valid, 0)
+        await send(x, 0, extra=dut.soft_reset)       # in flight at the reset: dropped
+        await send(x, 0)                             # the active weights are zero
+        await send(x, 1)                             # so are the shadow weights
+
+    run_simulation(dut, testbench)
+    assert results == [(x @ weights).tolist(), None, None, [0] * cols, None,
+                       [0] * cols, None]
