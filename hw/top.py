@@ -78,8 +78,9 @@ class NPU(wiring.Component):
         # The core reset is registered (as a sum of the DMA's state it made every flip-flop
         # it reaches a long path), one copy per block, so that each copy reaches only its
         # block's flip-flops: nextpnr routes it in the fabric like any net (it puts only
-        # clocks on global nets). The array makes its own copies, one per PE row
-        # (SystolicArray.soft_reset). The copies are equal by design; fpga/flow.py keeps them
+        # clocks on global nets). The controller and the array make their own copies, one
+        # per block of the controller and one per PE row (Controller.soft_reset,
+        # SystolicArray.soft_reset). The copies are equal by design; fpga/flow.py keeps them
         # apart in synthesis by their name (KEEP_APART).
         soft_reset = controller.soft_reset_pending & dma.idle
 
@@ -88,7 +89,8 @@ class NPU(wiring.Component):
             m.d.sync += reset.eq(soft_reset)
             m.submodules[name] = ResetInserter(reset)(block)
 
-        core("controller", controller)
+        m.submodules.controller = controller
+        m.d.comb += controller.soft_reset.eq(soft_reset)
         core("dma", dma)
         m.submodules.scratchpad = scratchpad
         core("accumulator", accumulator)
