@@ -2,12 +2,13 @@
 stages before the instruction queue; the queue's head waits in a register for the issue
 stage."""
 
-from amaranth.hdl import Cat, Const, Module, ResetInserter, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import FETCH_DEPTH
-from ..isa import ErrorCode, Instruction, Opcode
+from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
+from ..pe import dsp_pes, mult18x18d
 from .fetcher import WordsSignature
 from .signatures import RowRange
 
@@ -68,10 +69,17 @@ class Decoder(wiring.Component):
 
     Operand checks come in the order the ISA documents them: lengths, local range, DRAM
     range. A fetched word takes two cycles to the queue: the first forms the block's
-    ``rows x stride`` (a multiplier with registered output) beside ``base = addr +
-    row_bytes - stride`` and the other checks; the second sums the DRAM end and checks its
-    range. The queue's head then waits in a register (``decoded``) until the issue stage
+    ``rows x stride`` as two partial products (multipliers with registered outputs) beside
+    ``base = addr + row_bytes - stride`` and the other checks; the second sums the DRAM end
+    and checks its range. The queue's head then waits in a register (``decoded``) until the issue stage
     takes it, so no path from the queue's memory reaches the issue stage's logic.
+
+    Parameters
+    ----------
+    config : NPUConfig
+    dsp : bool
+        On ECP5, put the partial products on MULT18X18D (default, unless the platform has
+        run out of them). Without, the same registers are built around a plain ``*``.
 
     Attributes
     ----------
@@ -80,8 +88,9 @@ class Decoder(wiring.Component):
     decoded : Out(stream.Signature(Decoded))
     next : Out(NextHeadSignature())
     """
-    def __init__(self, config):
+    def __init__(self, config, *, dsp=True):
         self.config = config
+        self.dsp = bool(dsp)
         super().__init__({
             "words":   In(WordsSignature()),
             "decoded": Out(stream.Signature(Decoded)),
@@ -104,7 +113,6 @@ class Decoder(wiring.Component):
         # and so is limit = 2**32 - base, for stage 2's range check: each as two carry chains
         # in a row (end = addr + row_bytes, then base = end - stride and limit = 2**32 +
         # stride - end side by side), not three.
-        product = Signal(48)         # rows x stride of a block; 0 for LOAD_QUANT
         base = Signal(signed(35))
         limit = Signal(signed(36), init=1 << 32)
 
@@ -125,9 +133,7 @@ class Decoder(wiring.Component):
                     m.d.comb += spad.eq(local)
                 with m.Else():
                     m.d.comb += acc.eq(local)
-                m.d.comb += [lo.eq(load.dram_addr),
-                             product.eq(load.rows * load.dram_stride),
-                             *block_bounds(load)]
+                m.d.comb += [lo.eq(load.dram_addr), *block_bounds(load)]
             with m.Case(Opcode.PRELOAD):
                 m.d.comb += spad.eq(Cat(preload.spad_addr, preload.spad_addr + rows))
             with m.Case(Opcode.MATMUL):
@@ -135,9 +141,7 @@ class Decoder(wiring.Component):
                              acc.eq(Cat(matmul.acc_addr, matmul.acc_addr + matmul.rows))]
             with m.Case(Opcode.STORE, Opcode.STORE_Q):
                 m.d.comb += acc.eq(Cat(store.acc_addr, store.acc_addr + store.rows))
-                m.d.comb += [lo.eq(store.dram_addr),
-                             product.eq(store.rows * store.dram_stride),
-                             *block_bounds(store)]
+                m.d.comb += [lo.eq(store.dram_addr), *block_bounds(store)]
             with m.Case(Opcode.LOAD_QUANT):
                 # Two rows: base = end + stride, limit = (2**32 - stride) - end.
                 end = quant.dram_addr + quant.row_bytes
@@ -193,9 +197,29 @@ class Decoder(wiring.Component):
             with m.Default():
                 m.d.comb += check.eq(ErrorCode.ILLEGAL_OPCODE)
 
-        # Stage 1 -> 2: the product and everything beside it, in registers.
+        # rows x stride of a block, as two 16 x 16 partial products (rows x the stride's low
+        # and high halves) straight into registers: on ECP5 each is a MULT18X18D fed from the
+        # fetcher's word register, its output register the stage's (no carry chain after
+        # the multiplier in this stage; the fetcher's word -> multiplier -> carry chains of
+        # the 48-bit product -> stage register was a long path). Load and store arguments
+        # share the fields' places; the product counts only for their opcodes.
+        assert all(data.Layout.cast(LoadArgs)[name].offset ==
+                   data.Layout.cast(StoreArgs)[name].offset for name in ("rows", "dram_stride"))
+        partial_lo = Signal(32)
+        partial_hi = Signal(32)
+        if (self.dsp and getattr(platform, "family", None) == "ecp5"
+                and dsp_pes(platform) is None):
+            for product, half in ((partial_lo, load.dram_stride[:16]),
+                                  (partial_hi, load.dram_stride[16:])):
+                mult18x18d(m, Cat(load.rows, Const(0, 1)), Cat(half, Const(0, 1)), product,
+                           registered_inputs=False, name=f"bounds_{product.name}")
+        else:
+            m.d.sync += [partial_lo.eq(load.rows * load.dram_stride[:16]),
+                         partial_hi.eq(load.rows * load.dram_stride[16:])]
+
+        # Stage 1 -> 2: the partial products and everything beside them, in registers.
         stage = Signal(data.StructLayout({
-            "valid": 1, "instr": Instruction, "bus_error": 1, "product": 48,
+            "valid": 1, "instr": Instruction, "bus_error": 1, "multiplied": 1,
             "base": signed(35), "limit": signed(36), "lo": 32, "spad": RowRange,
             "acc": RowRange, "dram": 1,
             "check": 8}))
@@ -203,7 +227,8 @@ class Decoder(wiring.Component):
             stage.valid.eq(words.word.valid),
             stage.instr.eq(fetched),
             stage.bus_error.eq(words.word.payload.bus_error),
-            stage.product.eq(product),
+            stage.multiplied.eq((opcode == Opcode.LOAD_SPAD) | (opcode == Opcode.LOAD_ACC) |
+                                (opcode == Opcode.STORE) | (opcode == Opcode.STORE_Q)),
             stage.base.eq(base),
             # 2**32 - base, for the range check of stage 2 (a subtraction there would put
             # two carry chains in a row between the stage register and the queue).
@@ -219,7 +244,20 @@ class Decoder(wiring.Component):
 
         # Stage 2: the DRAM end and its range, into the queue. The range check compares the
         # product with 2**32 - base, beside the sum (equal to hi > 2**32 whenever rows > 0;
-        # a block of 0 rows stops on BAD_LENGTH first).
+        # a block of 0 rows stops on BAD_LENGTH first). The product is the sum of the two
+        # partial products (0 but for a block's opcode), so each of hi = product + base and
+        # product - limit - 1 = product + ~limit (>= 0 when product > limit) is a sum of
+        # three: a carry-save step (one LUT a bit) and one carry chain.
+        def sum_of_three(name, *values, width=50):
+            a, b, c = operands = [Signal(signed(width), name=f"{name}_{i}") for i in range(3)]
+            m.d.comb += [operand.eq(value) for operand, value in zip(operands, values)]
+            return (a ^ b ^ c) + Cat(Const(0, 1), (a & b) | (a & c) | (b & c))
+
+        low = Mux(stage.multiplied, partial_lo, 0)
+        high = Mux(stage.multiplied, Cat(Const(0, 16), partial_hi), 0)
+        hi_sum = sum_of_three("hi_sum", low, high, stage.base)
+        over_sum = sum_of_three("over_sum", low, high, ~stage.limit)
+        over_limit = ~over_sum[49]           # product - limit - 1 >= 0
         queue = fifo.SyncFIFO(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH)
         m.submodules.queue = ResetInserter(flush)(queue)
         entry = Signal(Decoded)
@@ -228,13 +266,13 @@ class Decoder(wiring.Component):
             entry.lo.eq(stage.lo),
             entry.spad.eq(stage.spad),
             entry.acc.eq(stage.acc),
-            entry.hi.eq(stage.product + stage.base),
+            entry.hi.eq(hi_sum[:33]),
             entry.bus_error.eq(stage.bus_error),
             entry.check.eq(stage.check),
             queue.w_data.eq(entry),
             queue.w_en.eq(stage.valid),
         ]
-        with m.If((stage.check == 0) & stage.dram & (stage.product > stage.limit)):
+        with m.If((stage.check == 0) & stage.dram & over_limit):
             m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
         for name, opcodes in KIND_OPCODES.items():
             m.d.comb += entry.kind[name].eq(Cat(*[stage.instr.opcode == op
