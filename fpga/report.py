@@ -418,18 +418,22 @@ _STATIC = """\
   stages holds at most one wide shift, multiply, add or clamp, the issue stage compares a
   cycle ahead from flip-flops (decoded kinds, registered unit statuses), faults reach the
   error arbiter from flip-flops, and no reset reaches a data register that a valid flag
-  qualifies (the core reset, itself registered once per block, reaches only state). The
-  DMA writer takes each row into a one-row buffer, shifted onto its beats as it enters,
-  and the reader ends a row at a flag queued with its last burst. What is left is mostly
-  wire: paths of two to four routes of 2 to 6 ns between blocks the placer puts far apart
-  (the DSP and block RAM columns spread the design over the die), with a few LUTs or a
-  carry chain between them: the store unit's read decision (it waits for the writer's
-  `row.ready`) into the accumulator's read port, the store unit's quantization state (one
-  flip-flop per field) into every requantizer lane, the DMA reader's address side (the
-  burst's 4 KiB test into the row registers), the issue decision into the decoder's head
-  register (about 270 enables), the fetcher's grant into the DMA reader's command. Each
-  needs a register at a block boundary, a copy per lane, or the blocks kept together on
-  the die.
+  qualifies (the core reset, registered once per block of the controller, per PE row of
+  the array and once each for the DMA and the accumulator, reaches only state). The DMA
+  writer takes each row into a one-row buffer, shifted onto its beats as it enters, and the
+  reader ends a row at a flag queued with its last burst; the requantizers' lanes copy
+  their parameters, the store unit its row selects. What is left is mostly wire: about
+  4,000 endpoints miss 8 ns (`python -m fpga.sta` lists them), in some 190 groups by start
+  and end register, most with a worst slack of -2 to -5 ns: paths of four to eight routes
+  of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM columns
+  spread the design over the die), with a few LUTs or a carry chain between them. The
+  largest groups: the DMA reader's address side (the burst's 4 KiB sum and `last` into
+  the row registers) and its rows into the load unit's staged registers (routes of 5.5
+  ns), the issue decision into the decoder's head register (268 enables), the decoder's
+  queue (distributed RAM) into the issue stage's compares, the unit statuses into the
+  issue stage, the requantizers' first stage and the routes to and from their DSPs, the
+  host's program registers into the fetcher's refetch sums. Each needs a register at a
+  block boundary, a copy per lane, or the blocks kept together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
