@@ -1,7 +1,7 @@
 """The issue stage: runs the program (start, stop, errors), takes decoded instructions in
 program order and hands each to its unit once no hazard holds it back."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -260,6 +260,10 @@ class IssueStage(wiring.Component):
             self.fetch.store_hi.eq(head.hi),
             self.fetch.store_busy.eq(store.busy),
         ]
+        # The fetcher's registered program end is stale only in the cycle of begin, and a
+        # store issues only while running (begin is while not).
+        m.d.sync += Assert(~(self.fetch.begin & self.fetch.store_issued),
+                           "issue stage: a store in the cycle of begin")
 
         # ------------------------------------------------------------ errors, stop
         # The earliest error in program order among the pending one and this cycle's: the
