@@ -2,7 +2,7 @@
 stages before the instruction queue; the queue's head waits in a register for the issue
 stage."""
 
-from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed
+from amaranth.hdl import Assert, Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -56,6 +56,13 @@ class Decoded(data.Struct):
     kind:      Kind
 
 
+#: The head register's slices, each loaded under its own copy of the head's valid flag: the
+#: instruction (for the units, which follow the head while idle), its DRAM bytes, its rows,
+#: and what the issue stage decides from.
+HEAD_SLICES = (("instr",), ("lo", "hi"), ("spad", "acc"), ("check", "bus_error", "kind"))
+assert sorted(sum(HEAD_SLICES, ())) == sorted(name for name, _ in data.Layout.cast(Decoded))
+
+
 def NextHeadSignature():
     """What the decoder's head register takes at the next edge: ``entry`` when ``load``
     (else it keeps what it holds), so that the issue stage can compare the next head with
@@ -71,8 +78,9 @@ class Decoder(wiring.Component):
     range. A fetched word takes two cycles to the queue: the first forms the block's
     ``rows x stride`` as two partial products (multipliers with registered outputs) beside
     ``base = addr + row_bytes - stride`` and the other checks; the second sums the DRAM end
-    and checks its range. The queue's head then waits in a register (``decoded``) until the issue stage
-    takes it, so no path from the queue's memory reaches the issue stage's logic.
+    and checks its range. The queue's head then waits in a register (``decoded``, in slices,
+    see :data:`HEAD_SLICES`) until the issue stage takes it, so no path from the queue's
+    memory reaches the issue stage's logic.
 
     Parameters
     ----------
@@ -279,13 +287,26 @@ class Decoder(wiring.Component):
                                                   for op in opcodes]).any())
         m.d.comb += entry.kind.faulty.eq(stage.bus_error | (entry.check != 0))
 
-        # The queue's head waits in a register until the issue stage takes it.
-        with m.If(self.decoded.ready):
-            m.d.sync += self.decoded.valid.eq(0)
-        m.d.comb += self.next.entry.eq(queue.r_data)
-        with m.If(queue.r_rdy & (~self.decoded.valid | self.decoded.ready)):
+        # The queue's head waits in a register until the issue stage takes it. The register
+        # is loaded in slices (HEAD_SLICES), each under its own copy of the valid flag: the
+        # issue decision (``decoded.ready``, late in its cycle) reaches one enable per slice,
+        # not the enables of all the head's flip-flops (one net to 268 of them was the NPU's
+        # longest path). Every copy holds the same value (asserted).
+        head, ready = self.decoded.payload, self.decoded.ready
+        head_entry = Signal(Decoded)
+        m.d.comb += [head_entry.eq(queue.r_data), self.next.entry.eq(head_entry)]
+        copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
+        for copy, fields in zip(copies, HEAD_SLICES):
+            with m.If(ready):
+                m.d.sync += copy.eq(0)
+            with m.If(queue.r_rdy & (~copy | ready)):
+                m.d.sync += copy.eq(1)
+                m.d.sync += [head[field].eq(head_entry[field]) for field in fields]
+            with m.If(flush):
+                m.d.sync += copy.eq(0)
+        with m.If(queue.r_rdy & (~copies[0] | ready)):
             m.d.comb += [queue.r_en.eq(1), words.taken.eq(1), self.next.load.eq(1)]
-            m.d.sync += [self.decoded.valid.eq(1), self.decoded.payload.eq(queue.r_data)]
-        with m.If(flush):
-            m.d.sync += self.decoded.valid.eq(0)
+        m.d.comb += self.decoded.valid.eq(copies[0])
+        m.d.sync += Assert(Cat(*copies).all() | ~Cat(*copies).any(),
+                           "decoder: the head's valid copies differ")
         return m

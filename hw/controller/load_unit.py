@@ -1,6 +1,6 @@
 """The load unit: ``LOAD_SPAD``, ``LOAD_ACC`` and ``LOAD_QUANT``, on the DMA reader."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import WritePort
 from amaranth.lib.wiring import In, Out
@@ -132,12 +132,25 @@ class LoadUnit(wiring.Component):
 
         with m.If(reader.row.valid):
             m.d.sync += count.eq(count + 1)
-            # LOAD_QUANT's two rows, multipliers then shifts, pass through the two stages
-            # as through a shift register, so their enable does not wait for a compare of
-            # the count (these flip-flops sit by the requantizers, far from the reader).
-            with m.If(op_quant):
-                m.d.sync += [staged_shifts.eq(reader.row.payload),
-                             staged_multipliers.eq(staged_shifts)]
+        # LOAD_QUANT's two rows, multipliers then shifts, pass through a register (``row``,
+        # no enable: the reader's row flip-flops sit by the memories, the stages by the
+        # requantizers, and a route between them was a long path) and then through the two
+        # stages as through a shift register, whose enable (a copy per lane, kept apart on
+        # the FPGA) does not wait for a compare of the count. At the check, the cycle after
+        # the last row, the shifts are still in ``row`` and the multipliers in the first
+        # stage: the check reads them there, and they move into place at its edge.
+        row = Signal(lanes32, reset_less=True)
+        m.d.sync += row.eq(reader.row.payload)
+        row_valid = Signal()
+        m.d.sync += row_valid.eq(reader.row.valid & op_quant)
+        for lane in range(cols):
+            take = Signal(name=f"stage_lane_{lane}_take")
+            m.d.sync += take.eq(reader.row.valid & op_quant)
+            with m.If(take):
+                m.d.sync += [staged_shifts[lane].eq(row[lane]),
+                             staged_multipliers[lane].eq(staged_shifts[lane])]
+        m.d.sync += Assert(~check | row_valid,
+                           "load unit: LOAD_QUANT checked without its last row")
         # A scratchpad row is written from registers, a cycle after it arrives: the
         # reader's row flip-flops then stay by the reader, and these by the block RAMs.
         # The last row is written in the cycle after ``done``, when the unit is idle: the
@@ -184,12 +197,13 @@ class LoadUnit(wiring.Component):
             m.d.sync += operands_bad.eq(
                 (high != 0) & (high != (1 << len(high)) - 1) |
                 (quant.act_min > quant.act_max))
+        checked_shifts, checked_multipliers = row, staged_shifts    # see ``row`` above
         shift_out_of_range = Cat(*[
             ((lane[5:] != 0) & (lane[5:] != (1 << 27) - 1)) | (lane[:6] == 0b100000)
-            for lane in staged_shifts]).any()
-        not_finite = Cat(*[lane[23:31].all() for lane in staged_multipliers]).any()
-        bad_rows = Mux(mode == QuantMode.FLOAT, not_finite | (staged_shifts.as_value() != 0),
-                       shift_out_of_range)
+            for lane in checked_shifts]).any()
+        not_finite = Cat(*[lane[23:31].all() for lane in checked_multipliers]).any()
+        bad_rows = Mux(mode == QuantMode.FLOAT,
+                       not_finite | (checked_shifts.as_value() != 0), shift_out_of_range)
         # The verdict, registered in the cycle of the check, ends the instruction in the next:
         # a fault from a flip-flop, or the state delivered.
         deliver = Signal()
