@@ -47,6 +47,8 @@ def run_store(word, *, lo=0, hi=0, quant=None, cmd_ready_at=1, row_stall=(), don
 
     async def testbench(ctx):
         if quant is not None:
+            # The state takes a LOAD_QUANT from the third cycle after a reset (asserted).
+            await ctx.tick().repeat(2)
             ctx.set(dut.quant.payload, quant)
             ctx.set(dut.quant.valid, 1)
             await ctx.tick()

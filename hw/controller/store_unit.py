@@ -65,7 +65,28 @@ class StoreUnit(wiring.Component):
         writer = self.writer
 
         # The requantization state: until the first LOAD_QUANT, multipliers 0 and no clamp.
-        state = Signal(QuantState(cols), init={"act_min": -128, "act_max": 127})
+        # It is reset a cycle after the rest of the unit, by copies of the reset, one per
+        # lane and one for the rest (``core_reset_state_*``, kept apart on the FPGA): the
+        # state sits by the requantizers' lanes, and one reset flip-flop of the unit drove
+        # all its bits across the die. Nothing reads or sets the state in the two cycles
+        # after a reset (the unit is idle until a program starts; asserted).
+        defaults = QuantState(cols).const({"act_min": -128, "act_max": 127})
+        state = Signal(QuantState(cols), init=defaults, reset_less=True)
+        just_reset = Signal(init=1)          # the unit's reset sets it, the next cycle clears
+        m.d.sync += just_reset.eq(0)
+        parts = [(f"lane_{lane}", ("multiplier", lane), ("shift", lane)) for lane in range(cols)]
+        parts.append(("scalars", ("mode",), ("zero_point",), ("act_min",), ("act_max",)))
+        for name, *fields in parts:
+            reset = Signal(init=1, name=f"core_reset_state_{name}")
+            m.d.sync += reset.eq(just_reset)
+            with m.If(reset):
+                for path in fields:
+                    target, value = state, defaults
+                    for key in path:
+                        target, value = target[key], value[key]
+                    m.d.sync += target.eq(value)
+            m.d.sync += Assert(~(reset & self.quant.valid),
+                               "store unit: a LOAD_QUANT's state within two cycles of a reset")
         with m.If(self.quant.valid):
             m.d.sync += state.eq(self.quant.payload)
         m.submodules.requant = requant = Requantizer(cols)
