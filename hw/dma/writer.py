@@ -134,8 +134,6 @@ class DMAWriter(wiring.Component):
             # Start writing the buffered row (already shifted onto the beats) at w_row_addr,
             # and move on to the row after it.
             m.d.sync += [
-                w_data.eq(next_row),
-                w_strb.eq(next_strb),
                 w_beat_addr.eq(w_aligned),
                 w_beats_left.eq(w_beats),
                 next_valid.eq(0),
@@ -174,8 +172,6 @@ class DMAWriter(wiring.Component):
                 m.d.comb += bus.wvalid.eq(1)
                 with m.If(bus.wready):
                     m.d.sync += [
-                        w_data.eq(w_data.as_value() >> self.data_width),
-                        w_strb.eq(w_strb.as_value() >> bus_bytes),
                         w_burst_left.eq(w_burst_left - 1),
                         w_last_beat.eq(w_burst_left == 1),
                     ]
@@ -198,6 +194,40 @@ class DMAWriter(wiring.Component):
                     m.d.comb += self.done.eq(1)
                     m.d.sync += w_idle.eq(1)
                     m.next = "IDLE"
+
+        # The beats' words, each under its own copies of the two states that move them
+        # (``state_word_<k>_row`` / ``_data``, kept apart on the FPGA): a beat on W shifts
+        # them down a word, and a row loads them from the buffer. The enables of all of
+        # them came from the one state register, by routes across the die.
+        last_of_row = Signal()       # a beat on W now ends the row and another row waits
+        m.d.comb += last_of_row.eq(w_last_beat & ~w_more_bursts & ~w_final_row & next_valid)
+        enter_row = ((writer_fsm.ongoing("IDLE") & self.cmd.valid) |
+                     (writer_fsm.ongoing("DATA") & bus.wready & w_last_beat & ~w_more_bursts &
+                      ~w_final_row & ~next_valid))
+        leave_row = writer_fsm.ongoing("ROW") & next_valid
+        enter_data = writer_fsm.ongoing("ADDRESS") & bus.awready
+        leave_data = writer_fsm.ongoing("DATA") & bus.wready & w_last_beat
+        for k in range(write_words):
+            in_row = Signal(name=f"state_word_{k}_row")
+            in_data = Signal(name=f"state_word_{k}_data")
+            with m.If(enter_row):
+                m.d.sync += in_row.eq(1)
+            with m.If(leave_row):
+                m.d.sync += in_row.eq(0)
+            with m.If(enter_data):
+                m.d.sync += in_data.eq(1)
+            with m.If(leave_data):
+                m.d.sync += in_data.eq(0)
+            m.d.sync += Assert((in_row == writer_fsm.ongoing("ROW")) &
+                               (in_data == writer_fsm.ongoing("DATA")),
+                               "the DMA writer's state copies out of step")
+            with m.If(in_data & bus.wready):
+                if k + 1 < write_words:
+                    m.d.sync += [w_data[k].eq(w_data[k + 1]), w_strb[k].eq(w_strb[k + 1])]
+                else:
+                    m.d.sync += [w_data[k].eq(0), w_strb[k].eq(0)]
+            with m.If((in_row & next_valid) | (in_data & bus.wready & last_of_row)):
+                m.d.sync += [w_data[k].eq(next_row[k]), w_strb[k].eq(next_strb[k])]
 
         with m.If(b_fire & ~b_awaited & ~w_idle):
             m.d.sync += w_error.eq(1)
