@@ -1,6 +1,6 @@
 """The DMA's reader: 2-D strided blocks from DRAM into rows, on the AXI4 read channels."""
 
-from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.hdl import Assert, Cat, Const, Module, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -58,7 +58,10 @@ class DMAReader(wiring.Component):
         ar_row_addr = Signal(32)
         ar_rows_left = Signal(16)
         ar_beat_addr = Signal(32)
-        ar_beats_left = Signal(17)
+        # Beats left of the row: at most read_words, as a command's row_bytes is at most
+        # row_bytes (the DMA's contract, asserted), so the burst's 256-beat cap folds away
+        # whenever a row fits in 256 beats, and the 4 KiB sum is as short as the row.
+        ar_beats_left = Signal(range(read_words + 1))
         r_active = Signal()
         r_offset = Signal(range(bus_bytes))     # the byte offset of the row being received
         r_rows_left = Signal(16)
@@ -86,6 +89,8 @@ class DMAReader(wiring.Component):
         m.d.comb += [self.idle.eq(~ar_active & ~r_active & ~emit), self.cmd.ready.eq(self.idle)]
 
         cmd = self.cmd.payload
+        m.d.sync += Assert(~self.cmd.valid | (cmd.row_bytes <= self.row_bytes),
+                           "a DMA read command with rows wider than the reader's")
         first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [

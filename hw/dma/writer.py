@@ -68,7 +68,7 @@ class DMAWriter(wiring.Component):
         w_row_bytes = Signal(16)
         w_stride = Signal(32)
         w_beat_addr = Signal(32)
-        w_beats_left = Signal(17)
+        w_beats_left = Signal(range(write_words + 1))      # as the reader's ar_beats_left
         # The burst on W: beats after the current one, whether it is the last beat, and
         # whether another burst of the row follows (all set at its address, so that the end
         # of a burst, and the choice to load the next row, come from flip-flops).
@@ -101,6 +101,8 @@ class DMAWriter(wiring.Component):
         m.d.comb += [self.row.ready.eq(~next_valid), self.cmd.ready.eq(w_idle)]
 
         wcmd = self.cmd.payload
+        m.d.sync += Assert(~self.cmd.valid | (wcmd.row_bytes <= self.row_bytes),
+                           "a DMA write command with rows wider than the writer's")
         w_aligned, w_offset, w_beats = self._row_geometry(m, w_row_addr, w_row_bytes, "wr")
         w_len, w_len_minus_one, w_burst_ends_row, w_after_addr, w_after_left = \
             self._next_burst(m, w_beat_addr, w_beats_left, "wr")
