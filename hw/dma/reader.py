@@ -63,7 +63,11 @@ class DMAReader(wiring.Component):
         # whenever a row fits in 256 beats, and the 4 KiB sum is as short as the row.
         ar_beats_left = Signal(range(read_words + 1))
         r_active = Signal()
-        r_offset = Signal(range(bus_bytes))     # the byte offset of the row being received
+        # The byte offset of the row being received, one copy per byte lane of the beat
+        # (``offset_lane_<l>``, kept apart on the FPGA): each lane's rotation and wrap come
+        # from its own copy, not all from one register by routes across the row's bytes.
+        r_offsets = [Signal(range(bus_bytes), name=f"offset_lane_{lane}")
+                     for lane in range(bus_bytes)]
         r_rows_left = Signal(16)
         r_error = Signal()
         r_abort = Signal()          # a framing error: drain the bursts asked for, then end
@@ -96,7 +100,8 @@ class DMAReader(wiring.Component):
             m.d.sync += [
                 ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
-                r_active.eq(1), r_offset.eq(cmd.addr[:lg]), r_rows_left.eq(cmd.rows),
+                r_active.eq(1), r_rows_left.eq(cmd.rows),
+                *[r_offset.eq(cmd.addr[:lg]) for r_offset in r_offsets],
                 r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
                 beat_is.eq(1),
@@ -175,13 +180,14 @@ class DMAReader(wiring.Component):
         rdata = data.ArrayLayout(8, bus_bytes)(bus.rdata)
         rotated = Signal(data.ArrayLayout(8, bus_bytes))
         wrapped = Signal(bus_bytes)
-        with m.Switch(r_offset):
-            for offset in range(bus_bytes):
-                with m.Case(offset):
-                    m.d.comb += wrapped.eq(Const(((1 << offset) - 1) << (bus_bytes - offset),
-                                                 bus_bytes))
-                    for lane in range(bus_bytes):
-                        m.d.comb += rotated[lane].eq(rdata[(lane + offset) % bus_bytes])
+        for lane, r_offset in enumerate(r_offsets):
+            with m.Switch(r_offset):
+                for offset in range(bus_bytes):
+                    with m.Case(offset):
+                        m.d.comb += [rotated[lane].eq(rdata[(lane + offset) % bus_bytes]),
+                                     wrapped[lane].eq(lane + offset >= bus_bytes)]
+        m.d.sync += Assert(Cat(*[r_offset == r_offsets[0] for r_offset in r_offsets]).all(),
+                           "the DMA reader's offset copies differ")
         m.d.sync += emit.eq(0)
         for byte in range(self.row_bytes):
             m.d.sync += byte_mask[byte].eq(byte < row_bytes)
@@ -206,7 +212,7 @@ class DMAReader(wiring.Component):
                     emit_last.eq(r_rows_left == 1),
                     beat_is.eq(1),
                     r_rows_left.eq(r_rows_left - 1),
-                    r_offset.eq(r_offset + stride[:lg]),
+                    *[r_offset.eq(r_offset + stride[:lg]) for r_offset in r_offsets],
                 ]
                 with m.If(r_rows_left == 1):
                     m.d.sync += r_active.eq(0)
