@@ -183,8 +183,8 @@ class Requantizer(RowRequantizer):
         # cleared (acc ^ its sign) is below 2**(31 - left). The shift and that bound are
         # registered once (``shift`` holds while rows are in flight, like ``multiplier``),
         # so the check is one comparison beside the shifter, not a second shifter before it.
-        left = Signal(range(32), name=f"left_{lane}")
-        fits_below = Signal(unsigned(32), name=f"fits_below_{lane}")
+        left = Signal(range(32), name=f"left_{lane}", reset_less=True)
+        fits_below = Signal(unsigned(32), name=f"fits_below_{lane}", reset_less=True)
         left_next = Mux(shift < 0, -shift, 0)[:5]
         m.d.sync += [left.eq(left_next),
                      fits_below.eq(Const(1 << 31, unsigned(32)) >> left_next)]

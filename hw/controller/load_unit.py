@@ -78,8 +78,9 @@ class LoadUnit(wiring.Component):
         act_min = Signal(signed(8))
         act_max = Signal(signed(8))
         lanes32 = data.ArrayLayout(signed(32), cols)
-        staged_multipliers = Signal(lanes32)
-        staged_shifts = Signal(lanes32)
+        # (No reset on the staged rows: a check reads them only after both have come.)
+        staged_multipliers = Signal(lanes32, reset_less=True)
+        staged_shifts = Signal(lanes32, reset_less=True)
 
         # The opcode, decoded as the registers follow the head: the kinds the issue stage
         # asks about, and what each row arriving does.

@@ -199,7 +199,6 @@ class StoreUnit(wiring.Component):
                 with m.If(requant_wait == 0):
                     m.next = "ROW"
             with m.State("ROW"):
-                m.d.comb += writer.row.valid.eq(1)
                 m.d.sync += Assert(Cat(*selects) == Cat(op == Opcode.STORE_Q,
                                                         state.mode == QuantMode.FLOAT),
                                    "store unit: the row's selects out of step")
@@ -220,6 +219,16 @@ class StoreUnit(wiring.Component):
             with m.State("FAILED"):
                 m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_WRITE)]
                 m.next = "IDLE"
+        # ROW kept in a flip-flop beside the state: the row's valid goes to the DMA writer's
+        # buffer (its enables) from a flip-flop, not from a decode of the state register.
+        in_row = Signal()
+        with m.If((fsm.ongoing("READ") & (op != Opcode.STORE_Q)) |
+                  (fsm.ongoing("REQUANTIZE_WAIT") & (requant_wait == 0))):
+            m.d.sync += in_row.eq(1)
+        with m.If(fsm.ongoing("ROW") & writer.row.ready):
+            m.d.sync += in_row.eq(0)
+        m.d.comb += writer.row.valid.eq(in_row)
+        m.d.sync += Assert(in_row == fsm.ongoing("ROW"), "store unit: ROW out of step")
         # Idle kept in a flip-flop beside the state (the issue stage decides from it): left
         # with the command, entered with the transitions into IDLE above.
         idle_reg = Signal(init=1)

@@ -132,9 +132,14 @@ class DMAWriter(wiring.Component):
             bus.wlast.eq(w_last_beat),
         ]
 
+        load_row = Signal()          # the buffered row goes onto the beats at this edge
+        set_row_addr = Signal()      # w_row_addr takes new_row_addr at this edge
+        new_row_addr = Signal(32)
+
         def load():
             # Start writing the buffered row (already shifted onto the beats) at w_row_addr,
             # and move on to the row after it.
+            m.d.comb += [load_row.eq(1), set_row_addr.eq(1), new_row_addr.eq(w_next_row)]
             m.d.sync += [
                 w_beat_addr.eq(w_aligned),
                 w_beats_left.eq(w_beats),
@@ -147,6 +152,7 @@ class DMAWriter(wiring.Component):
         with m.FSM(name="writer") as writer_fsm:
             with m.State("IDLE"):
                 with m.If(self.cmd.valid):
+                    m.d.comb += [set_row_addr.eq(1), new_row_addr.eq(wcmd.addr)]
                     m.d.sync += [
                         w_row_addr.eq(wcmd.addr), w_next_row.eq(wcmd.addr + wcmd.stride),
                         w_rows_left.eq(wcmd.rows), w_final_row.eq(wcmd.rows == 1),
@@ -202,7 +208,7 @@ class DMAWriter(wiring.Component):
         # them down a word, and a row loads them from the buffer. The enables of all of
         # them came from the one state register, by routes across the die.
         last_of_row = Signal()       # a beat on W now ends the row and another row waits
-        m.d.comb += last_of_row.eq(w_last_beat & ~w_more_bursts & ~w_final_row & next_valid)
+        m.d.comb += last_of_row.eq(w_last_beat & ~w_more_bursts & ~w_final_row)
         enter_row = ((writer_fsm.ongoing("IDLE") & self.cmd.valid) |
                      (writer_fsm.ongoing("DATA") & bus.wready & w_last_beat & ~w_more_bursts &
                       ~w_final_row & ~next_valid))
@@ -212,6 +218,24 @@ class DMAWriter(wiring.Component):
         for k in range(write_words):
             in_row = Signal(name=f"state_word_{k}_row")
             in_data = Signal(name=f"state_word_{k}_data")
+            # The buffer's full flag and the row's offset, copied likewise: the word of the
+            # buffer takes its part of the row, shifted by its copy of the offset, when its
+            # copy of the flag says the buffer is empty.
+            full = Signal(name=f"state_word_{k}_full")
+            offset = Signal.like(w_offset, name=f"state_word_{k}_offset")
+            with m.If(self.row.valid & ~full):
+                m.d.sync += [
+                    full.eq(1),
+                    next_row[k].eq((self.row.payload << (offset * 8))[k * self.data_width:
+                                                                       (k + 1) * self.data_width]),
+                    next_strb[k].eq((byte_mask << offset)[k * bus_bytes:(k + 1) * bus_bytes]),
+                ]
+            with m.If(load_row):
+                m.d.sync += full.eq(0)
+            with m.If(set_row_addr):
+                m.d.sync += offset.eq(new_row_addr[:len(offset)])
+            m.d.sync += Assert((full == next_valid) & (offset == w_offset),
+                               "the DMA writer's buffer copies out of step")
             with m.If(enter_row):
                 m.d.sync += in_row.eq(1)
             with m.If(leave_row):
@@ -228,7 +252,7 @@ class DMAWriter(wiring.Component):
                     m.d.sync += [w_data[k].eq(w_data[k + 1]), w_strb[k].eq(w_strb[k + 1])]
                 else:
                     m.d.sync += [w_data[k].eq(0), w_strb[k].eq(0)]
-            with m.If((in_row & next_valid) | (in_data & bus.wready & last_of_row)):
+            with m.If((in_row & full) | (in_data & bus.wready & last_of_row & full)):
                 m.d.sync += [w_data[k].eq(next_row[k]), w_strb[k].eq(next_strb[k])]
 
         with m.If(b_fire & ~b_awaited & ~w_idle):
@@ -240,8 +264,7 @@ class DMAWriter(wiring.Component):
         # past its last, so in IDLE and RESPONSES no row is offered or buffered, and none
         # leaks into the next command.
         with m.If(self.row.valid & ~next_valid):
-            m.d.sync += [next_row.eq(self.row.payload << (w_offset * 8)),
-                         next_strb.eq(byte_mask << w_offset), next_valid.eq(1)]
+            m.d.sync += next_valid.eq(1)
         wants_rows = (writer_fsm.ongoing("ROW") | writer_fsm.ongoing("ADDRESS") |
                       writer_fsm.ongoing("DATA"))
         m.d.sync += [
