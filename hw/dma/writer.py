@@ -207,7 +207,7 @@ class DMAWriter(wiring.Component):
         # (``state_word_<k>_row`` / ``_data``, kept apart on the FPGA): a beat on W shifts
         # them down a word, and a row loads them from the buffer. The enables of all of
         # them came from the one state register, by routes across the die.
-        last_of_row = Signal()       # a beat on W now ends the row and another row waits
+        last_of_row = Signal()       # a beat on W now ends the row, and not the command
         m.d.comb += last_of_row.eq(w_last_beat & ~w_more_bursts & ~w_final_row)
         enter_row = ((writer_fsm.ongoing("IDLE") & self.cmd.valid) |
                      (writer_fsm.ongoing("DATA") & bus.wready & w_last_beat & ~w_more_bursts &
@@ -222,6 +222,16 @@ class DMAWriter(wiring.Component):
             # buffer takes its part of the row, shifted by its copy of the offset, when its
             # copy of the flag says the buffer is empty.
             full = Signal(name=f"state_word_{k}_full")
+            # last_of_row, kept in a flip-flop per word: set where its terms are, valid in
+            # DATA (the only state that reads it; asserted).
+            row_ends = Signal(name=f"state_word_{k}_row_ends")
+            with m.If(writer_fsm.ongoing("ADDRESS") & bus.awready):
+                m.d.sync += row_ends.eq((w_len_minus_one == 0) & w_burst_ends_row &
+                                        ~w_final_row)
+            with m.If(writer_fsm.ongoing("DATA") & bus.wready):
+                m.d.sync += row_ends.eq((w_burst_left == 1) & ~w_more_bursts & ~w_final_row)
+            m.d.sync += Assert(~writer_fsm.ongoing("DATA") | (row_ends == last_of_row),
+                               "the DMA writer's row end copy out of step")
             offset = Signal.like(w_offset, name=f"state_word_{k}_offset")
             with m.If(self.row.valid & ~full):
                 m.d.sync += [
@@ -252,7 +262,7 @@ class DMAWriter(wiring.Component):
                     m.d.sync += [w_data[k].eq(w_data[k + 1]), w_strb[k].eq(w_strb[k + 1])]
                 else:
                     m.d.sync += [w_data[k].eq(0), w_strb[k].eq(0)]
-            with m.If((in_row & full) | (in_data & bus.wready & last_of_row & full)):
+            with m.If((in_row & full) | (in_data & bus.wready & row_ends & full)):
                 m.d.sync += [w_data[k].eq(next_row[k]), w_strb[k].eq(next_strb[k])]
 
         with m.If(b_fire & ~b_awaited & ~w_idle):
