@@ -56,9 +56,11 @@ class Decoded(data.Struct):
     kind:      Kind
 
 
-#: The head register's slices (contiguous runs of its bits), each loaded under its own copy
-#: of the head's valid flag.
-HEAD_SLICES = 8
+#: The head register's slices, each loaded under its own copy of the head's valid flag: the
+#: instruction (for the units, which follow the head while idle), its DRAM bytes, its rows,
+#: and what the issue stage decides from.
+HEAD_SLICES = (("instr",), ("lo", "hi"), ("spad", "acc"), ("check", "bus_error", "kind"))
+assert sorted(sum(HEAD_SLICES, ())) == sorted(name for name, _ in data.Layout.cast(Decoded))
 
 
 def NextHeadSignature():
@@ -289,20 +291,17 @@ class Decoder(wiring.Component):
         # is loaded in slices (HEAD_SLICES), each under its own copy of the valid flag: the
         # issue decision (``decoded.ready``, late in its cycle) reaches one enable per slice,
         # not the enables of all the head's flip-flops (one net to 268 of them was the NPU's
-        # longest path; with four slices, a route of 4.3 ns from a slice's enable was).
-        # Every copy holds the same value (asserted).
+        # longest path). Every copy holds the same value (asserted).
         head, ready = self.decoded.payload, self.decoded.ready
         head_entry = Signal(Decoded)
         m.d.comb += [head_entry.eq(queue.r_data), self.next.entry.eq(head_entry)]
-        copies = [Signal(name=f"head_valid_slice_{k}") for k in range(HEAD_SLICES)]
-        width = data.Layout.cast(Decoded).size
-        for k, copy in enumerate(copies):
-            bits = slice(width * k // HEAD_SLICES, width * (k + 1) // HEAD_SLICES)
+        copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
+        for copy, fields in zip(copies, HEAD_SLICES):
             with m.If(ready):
                 m.d.sync += copy.eq(0)
             with m.If(queue.r_rdy & (~copy | ready)):
                 m.d.sync += copy.eq(1)
-                m.d.sync += head.as_value()[bits].eq(head_entry.as_value()[bits])
+                m.d.sync += [head[field].eq(head_entry[field]) for field in fields]
             with m.If(flush):
                 m.d.sync += copy.eq(0)
         with m.If(queue.r_rdy & (~copies[0] | ready)):
