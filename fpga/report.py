@@ -419,21 +419,24 @@ _STATIC = """\
   cycle ahead from flip-flops (decoded kinds, registered unit statuses), faults reach the
   error arbiter from flip-flops, and no reset reaches a data register that a valid flag
   qualifies (the core reset, registered once per block of the controller, per PE row of
-  the array and once each for the DMA and the accumulator, reaches only state). The DMA
-  writer takes each row into a one-row buffer, shifted onto its beats as it enters, and the
-  reader ends a row at a flag queued with its last burst; the requantizers' lanes copy
-  their parameters, the store unit its row selects. What is left is mostly wire: about
-  4,000 endpoints miss 8 ns (`python -m fpga.sta` lists them), in some 190 groups by start
-  and end register, most with a worst slack of -2 to -5 ns: paths of four to eight routes
-  of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM columns
-  spread the design over the die), with a few LUTs or a carry chain between them. The
-  largest groups: the DMA reader's address side (the burst's 4 KiB sum and `last` into
-  the row registers) and its rows into the load unit's staged registers (routes of 5.5
-  ns), the issue decision into the decoder's head register (268 enables), the decoder's
-  queue (distributed RAM) into the issue stage's compares, the unit statuses into the
-  issue stage, the requantizers' first stage and the routes to and from their DSPs, the
-  host's program registers into the fetcher's refetch sums. Each needs a register at a
-  block boundary, a copy per lane, or the blocks kept together on the die.
+  the array and once each for the DMA and the accumulator, and per lane, a cycle late, for
+  the store unit's requantization state, reaches only state). The DMA writer takes each
+  row into a one-row buffer, shifted onto its beats as it enters, each word of the beats
+  under its own copies of the writer's state, and the reader ends a row at a flag queued
+  with its last burst, its offset copied per byte lane; the requantizers' lanes copy their
+  parameters, the store unit its row selects, the load unit its staging enable, and the
+  decoder's head register loads in slices under copies of its valid flag. What is left is
+  mostly wire: about 3,000 endpoints miss 8 ns (`python -m fpga.sta` lists them), most
+  with a worst slack of -2 to -4.5 ns: paths of four to eight routes of 1 to 5 ns between
+  blocks the placer puts far apart (the DSP and block RAM columns spread the design over
+  the die), with a few LUTs or a carry chain between them, some twenty groups within 1 ns
+  of the worst, so that which one a placement stretches decides the figure. The largest
+  groups: the issue decision (from the accumulator's pipeline stages and the streamer's
+  statuses, through the hazard flags) into the decoder's head register and the units'
+  registers, the requantizers' first stage (the saturating shift) and the routes to and
+  from their DSPs, the fetcher's word into the decoder's first stage, the fetcher's grant
+  into the DMA reader's command registers, the reader's beats into its row. Each needs a
+  register at a block boundary, a copy per lane, or the blocks kept together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
