@@ -142,15 +142,13 @@ class LoadUnit(wiring.Component):
         # stage: the check reads them there, and they move into place at its edge.
         row = Signal(lanes32, reset_less=True)
         m.d.sync += row.eq(reader.row.payload)
-        row_valid = Signal()
-        m.d.sync += row_valid.eq(reader.row.valid & op_quant)
-        for lane in range(cols):
-            take = Signal(name=f"stage_lane_{lane}_take")
+        takes = [Signal(name=f"stage_lane_{lane}_take") for lane in range(cols)]
+        for lane, take in enumerate(takes):
             m.d.sync += take.eq(reader.row.valid & op_quant)
             with m.If(take):
                 m.d.sync += [staged_shifts[lane].eq(row[lane]),
                              staged_multipliers[lane].eq(staged_shifts[lane])]
-        m.d.sync += Assert(~check | row_valid,
+        m.d.sync += Assert(~check | takes[0],
                            "load unit: LOAD_QUANT checked without its last row")
         # A scratchpad row is written from registers, a cycle after it arrives: the
         # reader's row flip-flops then stay by the reader, and these by the block RAMs.

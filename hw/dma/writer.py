@@ -210,8 +210,7 @@ class DMAWriter(wiring.Component):
         last_of_row = Signal()       # a beat on W now ends the row, and not the command
         m.d.comb += last_of_row.eq(w_last_beat & ~w_more_bursts & ~w_final_row)
         enter_row = ((writer_fsm.ongoing("IDLE") & self.cmd.valid) |
-                     (writer_fsm.ongoing("DATA") & bus.wready & w_last_beat & ~w_more_bursts &
-                      ~w_final_row & ~next_valid))
+                     (writer_fsm.ongoing("DATA") & bus.wready & last_of_row & ~next_valid))
         leave_row = writer_fsm.ongoing("ROW") & next_valid
         enter_data = writer_fsm.ongoing("ADDRESS") & bus.awready
         leave_data = writer_fsm.ongoing("DATA") & bus.wready & w_last_beat
@@ -225,7 +224,7 @@ class DMAWriter(wiring.Component):
             # last_of_row, kept in a flip-flop per word: set where its terms are, valid in
             # DATA (the only state that reads it; asserted).
             row_ends = Signal(name=f"state_word_{k}_row_ends")
-            with m.If(writer_fsm.ongoing("ADDRESS") & bus.awready):
+            with m.If(enter_data):
                 m.d.sync += row_ends.eq((w_len_minus_one == 0) & w_burst_ends_row &
                                         ~w_final_row)
             with m.If(writer_fsm.ongoing("DATA") & bus.wready):
