@@ -38,8 +38,9 @@ class RowRequantizer(wiring.Component):
     #: this long for every ``STORE_Q`` row. The first is the input register (``acc`` as it
     #: comes from the accumulator's block RAM, registered before any logic: the route from
     #: the block RAM to the requantizers' DSPs was the whole NPU's longest path), then the
-    #: subclass's stages.
-    latency = 8
+    #: subclass's stages, three of them around each partial product
+    #: (:meth:`_partial_product`).
+    latency = 11
 
     #: Cycles the parameters must be set before a row's ``valid`` (and held while it is in
     #: flight): each lane first copies them into registers of its own, so that the one
@@ -105,6 +106,27 @@ class RowRequantizer(wiring.Component):
         reads its parameters from ``self._params[lane]``."""
         raise NotImplementedError
 
+    @staticmethod
+    def _partial_product(m, a, b, shape, name, on_dsp):
+        """``a * b`` (signed operands of up to 18 bits; give an unsigned one a zero bit on
+        top) three cycles after ``a`` and ``b``: their registers, the product's, and a copy
+        of the product in the fabric. On ECP5 the first two are the MULT18X18D's input and
+        output registers (submodule ``multiplier_<name>``), so that no logic shares a cycle
+        with the routes to and from the DSP: the DSPs sit in a few rows of the die, and
+        those routes alone took 6.4 ns (into the DSP) and 8.5 ns (out of it, to the adder of
+        the middle products) on the 85F. The fabric's copy (``<name>_product``) is free to
+        sit between the DSP and the adders."""
+        product = Signal(shape, name=f"{name}_dsp", reset_less=True)
+        if on_dsp:
+            mult18x18d(m, a, b, product, registered_inputs=True, name=f"multiplier_{name}")
+        else:
+            a_in = Signal(a.shape(), name=f"{name}_a", reset_less=True)
+            b_in = Signal(b.shape(), name=f"{name}_b", reset_less=True)
+            m.d.sync += [a_in.eq(a), b_in.eq(b), product.eq(a_in * b_in)]
+        copy = Signal(shape, name=f"{name}_product", reset_less=True)
+        m.d.sync += copy.eq(product)
+        return copy
+
 
 class Requantizer(RowRequantizer):
     """TFLite/gemmlowp integer requantization of one accumulator row, :attr:`latency` cycles
@@ -120,17 +142,17 @@ class Requantizer(RowRequantizer):
     (see :mod:`sw.quant` for the definitions; ``docs/quantization.md`` for users). Each
     stage has at most one wide shift, multiply, add or clamp, so that none is a long path:
 
-    1. the saturating left shift (``x``);
-    2. the four 16 x 16 partial products of ``x * M``, on ECP5 on MULT18X18D with
-       registered outputs, fed by stage 1's registers (the block RAM's slow output, the
-       shifter and the long route to a DSP would not fit one cycle together);
-    3. the middle partial products summed, the rounding nudge added to the outer ones;
-    4. ``h = (x * M + 2**30) >> 31``: that is the truncating division of the nudged product
+    1. the left shift, and beside it whether its result fits 32 bits (one comparison);
+    2. ``x``: the shifted value or, if it does not fit, the saturated one;
+    3. to 5. the four 16 x 16 partial products of ``x * M``
+       (:meth:`~RowRequantizer._partial_product`: operands, product, and its copy);
+    6. the middle partial products summed, the rounding nudge added to the outer ones;
+    7. ``h = (x * M + 2**30) >> 31``: that is the truncating division of the nudged product
        for either sign (for a negative one, ``trunc(n / d) = floor((n + d - 1) / d)`` turns
        the nudge ``1 - 2**30`` into ``2**30``); ``INT32_MAX`` when both are ``INT32_MIN``;
-    5. the rounding right shift and its round-up decision;
-    6. the round-up and the zero point added (one carry chain);
-    7. the clamp.
+    8. the rounding right shift and its round-up decision;
+    9. the round-up and the zero point added (one carry chain);
+    10. the clamp.
 
     A row given with ``valid`` in cycle ``t`` is on ``result`` from cycle ``t + latency``
     until the next valid row has gone through; rows may follow each other in every cycle.
@@ -178,11 +200,17 @@ class Requantizer(RowRequantizer):
         multiplier = params["multiplier"]
         shift = params["shift"]
 
-        # 1: saturating left shift. The product fits 32 bits when the bits shifted past the
-        # sign (bits 31 - left and up) are all sign bits: when acc with its sign bits
-        # cleared (acc ^ its sign) is below 2**(31 - left). The shift and that bound are
-        # registered once (``shift`` holds while rows are in flight, like ``multiplier``),
-        # so the check is one comparison beside the shifter, not a second shifter before it.
+        def delayed(value, shape, name, stages):
+            for number in stages:
+                value = stage(value, shape, f"{name}_{number}")
+            return value
+
+        # 1: the left shift, and whether it saturates. The product fits 32 bits when the
+        # bits shifted past the sign (bits 31 - left and up) are all sign bits: when acc
+        # with its sign bits cleared (acc ^ its sign) is below 2**(31 - left). The shift and
+        # that bound are registered once (``shift`` holds while rows are in flight, like
+        # ``multiplier``), so the check is one comparison beside the shifter, not a second
+        # shifter before it; the choice between them is the next stage's.
         left = Signal(range(32), name=f"left_{lane}", reset_less=True)
         fits_below = Signal(unsigned(32), name=f"fits_below_{lane}", reset_less=True)
         left_next = Mux(shift < 0, -shift, 0)[:5]
@@ -190,21 +218,24 @@ class Requantizer(RowRequantizer):
                      fits_below.eq(Const(1 << 31, unsigned(32)) >> left_next)]
         magnitude = Signal(unsigned(32), name=f"magnitude_{lane}")
         m.d.comb += magnitude.eq(acc.as_unsigned() ^ acc[31].replicate(32))
-        x = Signal(signed(32), name=f"x_{lane}")
-        m.d.comb += x.eq(Mux(magnitude < fits_below, (acc << left)[:32],
-                             Mux(acc < 0, INT32_MIN, INT32_MAX)))
+        shifted_1 = stage((acc << left)[:32], signed(32), "shifted_1")
+        fits_1 = stage(magnitude < fits_below, 1, "fits_1")
+        negative_1 = stage(acc[31], 1, "negative_1")
         right_1 = stage(Mux(shift > 0, shift, 0)[:5], unsigned(5), "right_1")
-        x_1 = stage(x, signed(32), "x_1")
 
-        # 2: x * M = high_high << 32 + (low_high + high_low) << 16 + low_low, from 17-bit
-        # signed operands (a low half is unsigned: a zero bit on top).
+        # 2: x.
+        x_2 = stage(Mux(fits_1, shifted_1, Mux(negative_1, INT32_MIN, INT32_MAX)),
+                    signed(32), "x_2")
+        right_2 = stage(right_1, unsigned(5), "right_2")
+
+        # 3 to 5: x * M = high_high << 32 + (low_high + high_low) << 16 + low_low, from
+        # 17-bit signed operands (a low half is unsigned: a zero bit on top), from stage 2's
+        # registers.
         def halves(value):
             return {"low": Cat(value[:16], Const(0, 1)).as_signed(),
                     "high": value[16:].as_signed()}
 
-        # From stage 1's registers, which sit beside the shifter: the route to the DSP is
-        # this stage's, not the accumulator read's.
-        halves_x, halves_m = halves(x_1), halves(multiplier)
+        halves_x, halves_m = halves(x_2), halves(multiplier)
         operands = {"x_low": halves_x["low"], "x_high": halves_x["high"],
                     "m_low": halves_m["low"], "m_high": halves_m["high"]}
         products = {}
@@ -213,54 +244,50 @@ class Requantizer(RowRequantizer):
                 ("low_high", ("x_low", "m_high"), signed(32)),
                 ("high_low", ("x_high", "m_low"), signed(32)),
                 ("high_high", ("x_high", "m_high"), signed(32))]:
-            product = Signal(shape, name=f"{name}_2_{lane}", reset_less=True)
-            if on_dsp:
-                mult18x18d(m, operands[a], operands[b], product, registered_inputs=False,
-                           name=f"multiplier_{name}_{lane}")
-            else:
-                m.d.sync += product.eq(operands[a] * operands[b])
-            products[name] = product
-        overflow_2 = stage((x_1 == INT32_MIN) & (multiplier == INT32_MIN), 1, "overflow_2")
-        right_2 = stage(right_1, unsigned(5), "right_2")
+            products[name] = self._partial_product(m, operands[a], operands[b], shape,
+                                                   f"{name}_{lane}", on_dsp)
+        overflow_5 = delayed((x_2 == INT32_MIN) & (multiplier == INT32_MIN), 1, "overflow",
+                             (3, 4, 5))
+        right_5 = delayed(right_2, unsigned(5), "right", (3, 4, 5))
 
-        # 3: the middle sum; the nudge 2**30 added to the outer products (bits 30 and up).
-        middle_3 = stage(products["low_high"] + products["high_low"], signed(33), "middle_3")
+        # 6: the middle sum; the nudge 2**30 added to the outer products (bits 30 and up).
+        middle_6 = stage(products["low_high"] + products["high_low"], signed(33), "middle_6")
         outer = Cat(products["low_low"], products["high_high"])
-        outer_3 = stage(Cat(outer[:30], outer[30:].as_signed() + 1), signed(64), "outer_3")
-        overflow_3 = stage(overflow_2, 1, "overflow_3")
-        right_3 = stage(right_2, unsigned(5), "right_3")
+        outer_6 = stage(Cat(outer[:30], outer[30:].as_signed() + 1), signed(64), "outer_6")
+        overflow_6 = stage(overflow_5, 1, "overflow_6")
+        right_6 = stage(right_5, unsigned(5), "right_6")
         # RoundingDivideByPOT's mask and threshold halves, from the shift alone.
         mask = Signal(unsigned(31), name=f"mask_{lane}")
-        m.d.comb += mask.eq((Const(1, unsigned(32)) << right_2) - 1)
-        mask_3 = stage(mask, unsigned(31), "mask_3")
+        m.d.comb += mask.eq((Const(1, unsigned(32)) << right_5) - 1)
+        mask_6 = stage(mask, unsigned(31), "mask_6")
 
-        # 4: h = (x * M + 2**30) >> 31; the low 16 bits take no part in the sum.
+        # 7: h = (x * M + 2**30) >> 31; the low 16 bits take no part in the sum.
         nudged = Signal(signed(48), name=f"nudged_{lane}")
-        m.d.comb += nudged.eq(outer_3[16:].as_signed() + middle_3)
-        high_4 = stage(Mux(overflow_3, INT32_MAX, nudged[15:47].as_signed()), signed(32),
-                       "high_4")
-        right_4 = stage(right_3, unsigned(5), "right_4")
-        mask_4 = stage(mask_3, unsigned(31), "mask_4")
+        m.d.comb += nudged.eq(outer_6[16:].as_signed() + middle_6)
+        high_7 = stage(Mux(overflow_6, INT32_MAX, nudged[15:47].as_signed()), signed(32),
+                       "high_7")
+        right_7 = stage(right_6, unsigned(5), "right_7")
+        mask_7 = stage(mask_6, unsigned(31), "mask_7")
 
-        # 5: rounding right shift; round up when the remainder is above the threshold.
-        negative = high_4 < 0
-        remainder = (high_4.as_unsigned() & mask_4)[:31]
-        threshold = (mask_4 >> 1) + negative
-        shifted_5 = stage(high_4 >> right_4, signed(32), "shifted_5")
-        round_up_5 = stage(remainder > threshold, 1, "round_up_5")
+        # 8: rounding right shift; round up when the remainder is above the threshold.
+        negative = high_7 < 0
+        remainder = (high_7.as_unsigned() & mask_7)[:31]
+        threshold = (mask_7 >> 1) + negative
+        shifted_8 = stage(high_7 >> right_7, signed(32), "shifted_8")
+        round_up_8 = stage(remainder > threshold, 1, "round_up_8")
 
-        # 6: shifted + zero point + round-up, as one adder with the round-up as carry in:
+        # 9: shifted + zero point + round-up, as one adder with the round-up as carry in:
         # (2a + c) + (2b + c) = 2 (a + b + c).
-        doubled = (Cat(round_up_5, shifted_5).as_signed() +
-                   Cat(round_up_5, params["zero_point"]).as_signed())
-        with_zero_point_6 = stage(doubled[1:].as_signed(), signed(33), "with_zero_point_6")
+        doubled = (Cat(round_up_8, shifted_8).as_signed() +
+                   Cat(round_up_8, params["zero_point"]).as_signed())
+        with_zero_point_9 = stage(doubled[1:].as_signed(), signed(33), "with_zero_point_9")
 
-        # 7: the clamp.
+        # 10: the clamp.
         clamped = Signal(signed(8), name=f"clamped_{lane}")
-        with m.If(with_zero_point_6 < params["act_min"]):
+        with m.If(with_zero_point_9 < params["act_min"]):
             m.d.comb += clamped.eq(params["act_min"])
-        with m.Elif(with_zero_point_6 > params["act_max"]):
+        with m.Elif(with_zero_point_9 > params["act_max"]):
             m.d.comb += clamped.eq(params["act_max"])
         with m.Else():
-            m.d.comb += clamped.eq(with_zero_point_6)
+            m.d.comb += clamped.eq(with_zero_point_9)
         return clamped

@@ -3,7 +3,6 @@ INT32 accumulator rows to INT8, per output channel, in integer logic."""
 
 from amaranth.hdl import Cat, Const, Mux, Signal, signed, unsigned
 
-from .pe import mult18x18d
 from .requant import RowRequantizer
 
 
@@ -65,18 +64,21 @@ class FloatRequantizer(RowRequantizer):
     1. ``|acc|``, and beside it the leading zeros of ``acc ^ sign`` (those of ``|acc| - 1``
        for a negative value, one too many for a power of two);
     2. the normalising shift into 33 bits, and the integer point's position (9 bits);
-    3. ``t * s``'s four partial products, on ECP5 on MULT18X18D with registered outputs,
-       from stage 2's registers; beside them the rounding of ``t`` (an increment ``i``);
-    4. the middle partial products summed; ``i * s`` added to the outer ones
+    3. to 5. ``t * s``'s four partial products
+       (:meth:`~hw.requant.RowRequantizer._partial_product`: operands, product, and its
+       copy), from stage 2's registers; beside them the rounding of ``t`` (an increment
+       ``i``);
+    6. the middle partial products summed; ``i * s`` added to the outer ones
        (``(t + i) * s = t * s + i * s``, so the rounding needs no stage of its own);
        the integer point decoded (one-hot), and the saturation tests;
-    5. ``P``;
-    6. the window: the integer part and half bit at the integer point, whether the bits
-       between them and the float32 rounding position are all ones or any one, and the
-       float32 rounding increment at bit 23 or 24;
-    7. the rounding decisions, ``zero_point +- |y|`` in one adder with the round-up as its
-       carry-in, and beside it the clamp, as comparisons of the magnitude with the bounds
-       (precomputed from the zero point and clamp, one register per lane).
+    7. ``P``;
+    8. the window: the integer part and half bit at the integer point, for each integer
+       point whether the bits between them and the float32 rounding position are all ones
+       or any one, and the float32 rounding increment at bit 23 or 24;
+    9. those tests of the integer point chosen;
+    10. the rounding decisions, ``zero_point +- |y|`` in one adder with the round-up as its
+        carry-in, and beside it the clamp, as comparisons of the magnitude with the bounds
+        (precomputed from the zero point and clamp, one register per lane).
 
     The row timing and :attr:`latency` are :class:`~hw.requant.Requantizer`'s (the frame of
     :class:`~hw.requant.RowRequantizer`), so the store unit waits the same in both modes: a
@@ -124,11 +126,14 @@ class FloatRequantizer(RowRequantizer):
         # |y| < zero_point - act_max), from the lane's copies of the parameters; they are
         # static while rows are in flight, so a register costs nothing but a cycle after
         # LOAD_QUANT (stage 7 reads them, long after the copies' setup).
+        # The lower bounds also less one, for a round-up (|y| < bound is integer < bound - 1).
         bounds = {name: stage(value, signed(10), f"bound_{name}") for name, value in [
             ("above_positive", act_max - zero_point),
             ("below_positive", act_min - zero_point),
+            ("below_positive_up", act_min - zero_point - 1),
             ("above_negative", zero_point - act_min),
-            ("below_negative", zero_point - act_max)]}
+            ("below_negative", zero_point - act_max),
+            ("below_negative_up", zero_point - act_max - 1)]}
 
         def delayed(value, shape, name, stages):
             for number in stages:
@@ -157,83 +162,93 @@ class FloatRequantizer(RowRequantizer):
         point_2 = stage(_POINT_BIAS + zeros_1 - exponent, signed(10), "point_2")
         sign_2 = stage(sign_1, 1, "sign_2")
 
-        # 3: t * s from stage 2's registers (the route to the DSP is this stage's); the
-        # rounding of t to nearest even beside it.
+        # 3 to 5: t * s from stage 2's registers; the rounding of t to nearest even beside
+        # it.
         truncated = normal_2[8:]
         round_up = normal_2[7] & (normal_2[:7].any() | normal_2[8])
         products = self._partial_products(m, lane, on_dsp, truncated, significand_2)
-        rounding_3 = stage(Mux(round_up, significand_2, 0), unsigned(24), "rounding_3")
-        point_3 = stage(point_2, signed(10), "point_3")
-        sign_3 = stage(sign_2, 1, "sign_3")
+        rounding_5 = delayed(Mux(round_up, significand_2, 0), unsigned(24), "rounding",
+                             (3, 4, 5))
+        point_5 = delayed(point_2, signed(10), "point", (3, 4, 5))
+        sign_5 = delayed(sign_2, 1, "sign", (3, 4, 5))
 
-        # 4: the middle sum, and the outer products plus the rounding's i * s.
-        middle_4 = stage(products["low_high"] + products["high_low"], unsigned(26),
-                         "middle_4")
+        # 6: the middle sum, and the outer products plus the rounding's i * s.
+        middle_6 = stage(products["low_high"] + products["high_low"], unsigned(26),
+                         "middle_6")
         outer = Cat(products["low_low"], products["high_high"][:16])
-        outer_4 = stage(outer + rounding_3, unsigned(48), "outer_4")
-        select_4 = stage(Cat(point_3 == _FIRST_POINT + index for index in range(_POINTS)),
-                         _POINTS, "select_4")
+        outer_6 = stage(outer + rounding_5, unsigned(48), "outer_6")
+        select_6 = stage(Cat(point_5 == _FIRST_POINT + index for index in range(_POINTS)),
+                         _POINTS, "select_6")
         # |f| >= 256 (saturated): the point at most 8 bits below P's leading one.
-        saturate_46_4 = stage(point_3 <= 46 - 8, 1, "saturate_46_4")
-        saturate_47_4 = stage(point_3 <= 47 - 8, 1, "saturate_47_4")
-        sign_4 = stage(sign_3, 1, "sign_4")
-
-        # 5: P.
-        product_5 = stage(outer_4 + (middle_4 << 16), unsigned(48), "product_5")
-        select_5 = stage(select_4, _POINTS, "select_5")
-        saturate_46_5 = stage(saturate_46_4, 1, "saturate_46_5")
-        saturate_47_5 = stage(saturate_47_4, 1, "saturate_47_5")
-        sign_5 = stage(sign_4, 1, "sign_5")
-
-        # 6: the window. The float32 product keeps P[24:48] (top = 47) or P[23:47]; below its
-        # last bit lie the float rounding's round bit and sticky bits. `twice` is
-        # floor(2 |P * 2**-point|) (integer part and half bit); the bits from the float's last
-        # bit up to below the half bit are `middle`: a float round-up carries through them
-        # into the half bit only if they are all ones.
-        product = product_5
-        top = product[47]
-        window = [(select_5[index], _FIRST_POINT + index) for index in range(_POINTS)]
-        twice = _or_all([Mux(chosen, product[point - 1:point + 8], 0)
-                         for chosen, point in window])
-        middle_any = (_or_all([chosen & product[24:point - 1].any() for chosen, point in window])
-                      | (~top & product[23]))
-        middle_all = (_or_all([chosen & product[24:point - 1].all() for chosen, point in window])
-                      & (top | product[23]))
-        float_round_up = Mux(top, product[23] & (product[:23].any() | product[24]),
-                             product[22] & (product[:22].any() | product[23]))
-        twice_6 = stage(twice, 9, "twice_6")
-        any_6 = stage(middle_any, 1, "any_6")
-        all_6 = stage(middle_all, 1, "all_6")
-        float_up_6 = stage(float_round_up, 1, "float_up_6")
-        # Below bit 47, a product with its leading one at bit 46 is non-zero: an accumulator
-        # of 0 (P = 0) is not saturated by a large scale.
-        saturate_6 = stage(Mux(top, saturate_47_5, saturate_46_5 & product[46]), 1,
-                           "saturate_6")
+        saturate_46_6 = stage(point_5 <= 46 - 8, 1, "saturate_46_6")
+        saturate_47_6 = stage(point_5 <= 47 - 8, 1, "saturate_47_6")
         sign_6 = stage(sign_5, 1, "sign_6")
 
-        # 7: |y| = twice // 2 + up.
-        integer = twice_6[1:]
+        # 7: P.
+        product_7 = stage(outer_6 + (middle_6 << 16), unsigned(48), "product_7")
+        select_7 = stage(select_6, _POINTS, "select_7")
+        saturate_46_7 = stage(saturate_46_6, 1, "saturate_46_7")
+        saturate_47_7 = stage(saturate_47_6, 1, "saturate_47_7")
+        sign_7 = stage(sign_6, 1, "sign_7")
+
+        # 8 and 9: the window. The float32 product keeps P[24:48] (top = 47) or P[23:47];
+        # below its last bit lie the float rounding's round bit and sticky bits. `twice` is
+        # floor(2 |P * 2**-point|) (integer part and half bit); the bits from the float's last
+        # bit up to below the half bit are `middle`: a float round-up carries through them
+        # into the half bit only if they are all ones. Stage 8 tests them for every integer
+        # point, stage 9 picks the chosen point's tests.
+        product = product_7
+        top = product[47]
+        window = [(select_7[index], _FIRST_POINT + index) for index in range(_POINTS)]
+        twice = _or_all([Mux(chosen, product[point - 1:point + 8], 0)
+                         for chosen, point in window])
+        float_round_up = Mux(top, product[23] & (product[:23].any() | product[24]),
+                             product[22] & (product[:22].any() | product[23]))
+        any_8 = stage(Cat(chosen & product[24:point - 1].any() for chosen, point in window),
+                      _POINTS, "any_8")
+        all_8 = stage(Cat(chosen & product[24:point - 1].all() for chosen, point in window),
+                      _POINTS, "all_8")
+        below_8 = stage(product[23], 1, "below_8")      # P[23]: the float's last bit or not
+        top_8 = stage(top, 1, "top_8")
+        twice_8 = stage(twice, 9, "twice_8")
+        float_up_8 = stage(float_round_up, 1, "float_up_8")
+        # Below bit 47, a product with its leading one at bit 46 is non-zero: an accumulator
+        # of 0 (P = 0) is not saturated by a large scale.
+        saturate_8 = stage(Mux(top, saturate_47_7, saturate_46_7 & product[46]), 1,
+                           "saturate_8")
+        sign_8 = stage(sign_7, 1, "sign_8")
+
+        any_9 = stage(any_8.any() | (~top_8 & below_8), 1, "any_9")
+        all_9 = stage(all_8.any() & (top_8 | below_8), 1, "all_9")
+        twice_9 = stage(twice_8, 9, "twice_9")
+        float_up_9 = stage(float_up_8, 1, "float_up_9")
+        saturate_9 = stage(saturate_8, 1, "saturate_9")
+        sign_9 = stage(sign_8, 1, "sign_9")
+
+        # 10: |y| = twice // 2 + up.
+        integer = twice_9[1:]
         up = Signal(name=f"up_{lane}")
-        m.d.comb += up.eq(self._rounds_up(twice_6, any_6, all_6, float_up_6))
+        m.d.comb += up.eq(self._rounds_up(twice_9, any_9, all_9, float_up_9))
         # zero_point + |y|, or zero_point - |y| = zero_point + ~integer + (1 - up), as one
         # adder with the carry in: (2a + c) + (2b + c) = 2 (a + b + c).
         wide = Cat(integer, Const(0, 3)).as_signed()
-        carry_in = up ^ sign_6
-        doubled = (Cat(carry_in, Mux(sign_6, ~wide, wide)).as_signed() +
+        carry_in = up ^ sign_9
+        doubled = (Cat(carry_in, Mux(sign_9, ~wide, wide)).as_signed() +
                    Cat(carry_in, zero_point).as_signed())
         unclamped = doubled[1:].as_signed()
         # Beside it the clamp, from the magnitude: |y| > bound is integer > bound without a
         # round-up and integer >= bound with one; |y| < bound is integer < bound - up.
-        above = Mux(sign_6, bounds["above_negative"], bounds["above_positive"])
-        below = Mux(sign_6, bounds["below_negative"], bounds["below_positive"])
+        above = Mux(sign_9, bounds["above_negative"], bounds["above_positive"])
+        below = Mux(sign_9, bounds["below_negative"], bounds["below_positive"])
+        below_up = Mux(sign_9, bounds["below_negative_up"], bounds["below_positive_up"])
         magnitude = Cat(integer, Const(0, 2)).as_signed()
-        too_big = saturate_6 | Mux(up, magnitude >= above, magnitude > above)
-        too_small = Mux(up, magnitude < below - 1, magnitude < below)
+        too_big = saturate_9 | Mux(up, magnitude >= above, magnitude > above)
+        too_small = Mux(up, magnitude < below_up, magnitude < below)
         clamped = Signal(signed(8), name=f"clamped_{lane}")
         with m.If(too_big):
-            m.d.comb += clamped.eq(Mux(sign_6, act_min, act_max))
+            m.d.comb += clamped.eq(Mux(sign_9, act_min, act_max))
         with m.Elif(too_small):
-            m.d.comb += clamped.eq(Mux(sign_6, act_max, act_min))
+            m.d.comb += clamped.eq(Mux(sign_9, act_max, act_min))
         with m.Else():
             m.d.comb += clamped.eq(unclamped)
         return clamped
@@ -251,8 +266,9 @@ class FloatRequantizer(RowRequantizer):
         return Mux(carry, twice[0] | twice[1], twice[0] & (middle_any | float_up | twice[1]))
 
     def _partial_products(self, m, lane, on_dsp, truncated, significand):
-        """The four registered partial products of ``t * s`` (25 x 24 bits, unsigned), split
-        at bit 16 of each operand, as :class:`~hw.requant.Requantizer` splits its own."""
+        """The four partial products of ``t * s`` (25 x 24 bits, unsigned), three cycles
+        late, split at bit 16 of each operand, as :class:`~hw.requant.Requantizer` splits
+        its own."""
         def halves(value):
             return {"low": Cat(value[:16], Const(0, 1)).as_signed(),
                     "high": Cat(value[16:], Const(0, 1)).as_signed()}
@@ -263,13 +279,8 @@ class FloatRequantizer(RowRequantizer):
                 ("low_high", halves_t["low"], halves_s["high"], 24),
                 ("high_low", halves_t["high"], halves_s["low"], 25),
                 ("high_high", halves_t["high"], halves_s["high"], 17)]:
-            product = Signal(unsigned(width), name=f"{name}_3_{lane}", reset_less=True)
-            if on_dsp:
-                mult18x18d(m, a, b, product, registered_inputs=False,
-                           name=f"multiplier_{name}_{lane}")
-            else:
-                m.d.sync += product.eq(a * b)
-            products[name] = product
+            products[name] = self._partial_product(m, a, b, unsigned(width),
+                                                   f"{name}_{lane}", on_dsp)
         return products
 
 

@@ -80,7 +80,7 @@ def _check(batches, design=FloatRequantizer, context=""):
 
 def test_latency_is_the_fixed_point_requantizers():
     """The store unit waits Requantizer.latency cycles in both modes."""
-    assert FloatRequantizer.latency == Requantizer.latency == 8
+    assert FloatRequantizer.latency == Requantizer.latency == 11
 
 
 # Every edge accumulator times every edge scale (one scale per lane), for clamps and zero

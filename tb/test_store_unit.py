@@ -152,8 +152,8 @@ def test_store_q(state):
     the reference requantization of the accumulator row, in the low C bytes, in either
     mode."""
     latency = Requantizer.latency
-    acc, trace = run_store(store_q(5, 3, 3, 0x200, 3), quant=state)
     per_row = latency + 2
+    acc, trace = run_store(store_q(5, 3, 3, 0x200, 3), quant=state, cycles=4 * per_row + 4)
     assert cycles_of(trace, "read") == {1 + per_row * r: 5 + r for r in range(3)}
     reference = state or quant_state([0] * C, [0] * C, 0, -128, 127)
     expected = {2 + per_row * r + latency + 1: pack(requantize_state(acc[5 + r], reference), 1)
