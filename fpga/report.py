@@ -109,8 +109,8 @@ def _run_in_worker(config, options):
 
 def _run_all(runs, options, jobs, reuse, log):
     """The report of every run (by :attr:`Run.key`): reused, or made by ``jobs`` workers in
-    the order of ``runs``. A failed run does not stop the others (their reports stay for
-    ``--reuse``); the failures are raised together at the end."""
+    the order of ``runs``, and the failed runs (by key, the first line of their error). A
+    failed run does not stop the others (their reports stay for ``--reuse``)."""
     reports, pending = {}, []
     for each in runs:
         run_options = replace(options, top=each.top, seed=each.seed)
@@ -120,7 +120,7 @@ def _run_all(runs, options, jobs, reuse, log):
             reports[each.key] = report
         else:
             pending.append((each, run_options))
-    failures = []
+    failures = {}
     if pending:
         log(f"fpga: {len(pending)} runs on {min(jobs, len(pending))} workers")
         pool = ProcessPoolExecutor(max_workers=jobs)
@@ -132,16 +132,12 @@ def _run_all(runs, options, jobs, reuse, log):
                 try:
                     reports[each.key] = future.result()
                 except FlowError as error:
-                    failures.append(f"{each.config.name} {each.top} seed {each.seed}: "
-                                    f"{str(error).splitlines()[0]}")
+                    failures[each.key] = str(error).splitlines()[0]
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown()
-    if failures:
-        raise FlowError(f"{len(failures)} of {len(pending)} runs failed: "
-                        + "; ".join(sorted(failures)))
-    return reports
+    return reports, failures
 
 
 def write_report(npu_configs, array_configs, options=None, out="docs/fpga.md", *,
@@ -149,7 +145,9 @@ def write_report(npu_configs, array_configs, options=None, out="docs/fpga.md", *
     """Run the flow for every config, the whole NPU on each of ``seeds`` and the array
     alone on the first, ``jobs`` runs at a time (or, with ``reuse``, take a run's
     ``report.json`` made with the same options and seed), and write ``out``. Returns
-    every run's report."""
+    every run's report. A seed that fails (nextpnr cannot route, say) is named on the
+    page beside its config's row, whose figures are its other seeds'; ``FlowError`` if
+    every seed of a config failed (the page is not written)."""
     if options is None:
         options = FlowOptions()
     if not isinstance(jobs, int) or jobs < 1:
@@ -157,13 +155,21 @@ def write_report(npu_configs, array_configs, options=None, out="docs/fpga.md", *
     if not npu_configs and not array_configs:
         raise ValueError("npu_configs and array_configs must not both be empty")
     runs = plan(npu_configs, array_configs, seeds)
-    reports = _run_all(runs, options, jobs, reuse, log)
+    reports, failures = _run_all(runs, options, jobs, reuse, log)
+    lost = [each for each in runs
+            if not any(other.config.name == each.config.name and other.top == each.top
+                       and other.key in reports for other in runs)]
+    if lost:
+        raise FlowError(f"{len(failures)} of {len(runs)} runs failed: " + "; ".join(
+            sorted(f"{name} {top} seed {seed}: {message}"
+                   for (name, top, seed), message in failures.items())))
     # The tables list the configs in the order given, each config's seeds in order.
-    npu = [reports[(config.name, "npu", seed)] for config in npu_configs for seed in seeds]
+    npu = [reports[(config.name, "npu", seed)] for config in npu_configs for seed in seeds
+           if (config.name, "npu", seed) in reports]
     array = [reports[(config.name, "array", seeds[0])] for config in array_configs]
     baselines = _baselines(options)
     others = _other_devices(options)
-    Path(out).write_text(render(npu, array, baselines, options, others))
+    Path(out).write_text(render(npu, array, baselines, options, others, failures))
     log(f"fpga: wrote {out}")
     return npu + array
 
@@ -264,6 +270,15 @@ _HEAD = ("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | Fmax best (
          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 
 
+def _failed(failures):
+    """The runs that failed, under the table (its rows are the other seeds')."""
+    if not failures:
+        return []
+    return ["", "Runs that failed (not in the figures above, which are the other seeds'):", "",
+            *(f"* {name} {top}, seed {seed}: {message}"
+              for (name, top, seed), message in sorted(failures.items()))]
+
+
 def _endpoints(rows):
     lines = []
     for row in rows:
@@ -297,9 +312,11 @@ def _seeds_used(npu_rows, array_rows):
     return f"{_seeds_text(npu)} for the whole NPU and {_seeds_text(array)} for the array alone"
 
 
-def render(npu, array, baselines=(), options=None, others=()):
+def render(npu, array, baselines=(), options=None, others=(), failures=None):
     """The Markdown page, from the reports of the whole NPU's runs and the array's (one or
-    more a config: a seed each)."""
+    more a config: a seed each) and the runs that failed (``{(config, top, seed): the
+    first line of the error}``)."""
+    failures = failures or {}
     options = options or FlowOptions()
     when = time.strftime("%Y-%m-%d")
     device = options.device
@@ -329,6 +346,7 @@ def render(npu, array, baselines=(), options=None, others=()):
         "",
         _HEAD,
         *(_row(row) for row in npu_rows),
+        *_failed(failures),
         "",
         "## The systolic array alone",
         "",
@@ -410,6 +428,12 @@ def _boards():
 
 
 _STATIC = """\
+## Since the last report
+
+The tables above change only when `make fpga-report` runs. The timing work between its
+runs (issue 16: each change to the hardware, its single place-and-route runs and what was
+left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
+
 ## What limits the figures
 
 * **The whole NPU is limited by the paths between its blocks, not by the array.** Every
@@ -447,8 +471,8 @@ _STATIC = """\
   85F, so 12 x 12 is the largest all-DSP square array) or 12 x 12 above 178 MHz. The flow
   builds larger arrays with Booth LUT multipliers for the PEs beyond the DSPs (`-nodsp`;
   `python -m fpga run --top array --config 16x16` synthesizes to 156 PEs on MULT18X18D and
-  100 on LUTs), but the LUT multipliers and their routing are slower still (16 x 16 reached
-  85.5 MHz, 43.8 GOPS, on 2026-12-03). None of it reaches 51.2 GOPS yet; the whole NPU is far
+  100 on LUTs), but the LUT multipliers and their routing are slower still: the array
+  table has what each size reaches. None of it reaches 51.2 GOPS yet; the whole NPU is far
   below, at the Fmax of the blocks around the array.
 
 ## How the build is made

@@ -163,18 +163,22 @@ def convert(component, *, name, emit_src=False, **kwargs):
 
 # Yosys writes an Amaranth ``Assert`` as ``if (!c) $write(message); assert (c);`` in a clocked
 # block: an immediate assertion of SystemVerilog, which Verilog-2005 tools (Icarus in that
-# mode) do not know and Verilator checks only with --assert.
-_ASSERTION = re.compile(r"^(\s*)assert \((.*)\);$", re.MULTILINE)
+# mode) do not know and Verilator checks only with --assert. The message's ``$write``, if
+# any, goes with it.
+_ASSERTION = re.compile(r"^((\s*)if \(!.*\)\n\s*\$write\(.*\);\n)?(\s*)assert \((.*)\);$",
+                        re.MULTILINE)
 
 
 def enforce_assertions(text):
     """Verilog ``text`` with every immediate assertion made a Verilog-2005 check that every
-    simulator runs: when it fails, the simulation prints the time and stops (``$finish``).
-    Synthesis (which defines ``SYNTHESIS``) leaves it out."""
+    simulator runs: when it fails, the simulation prints its message, the time and stops
+    (``$finish``). Synthesis (which defines ``SYNTHESIS``) leaves all of it out, message
+    included: a ``$write`` left to Yosys is a ``$print`` cell, which keeps the assertion's
+    logic in the netlist."""
     return _ASSERTION.sub(
-        "\\1`ifndef SYNTHESIS\n"
-        '\\1if (!(\\2)) begin $display(" -- assertion failed at %0t", $time); $finish; end\n'
-        "\\1`endif",
+        "\\3`ifndef SYNTHESIS\n\\1"
+        '\\3if (!(\\4)) begin $display(" -- assertion failed at %0t", $time); $finish; end\n'
+        "\\3`endif",
         text)
 
 

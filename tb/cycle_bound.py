@@ -10,7 +10,8 @@ instruction's fields gives a bound for any instruction word, legal or not:
   ``ceil((row_bytes + bus_bytes - 1) / bus_bytes)`` R beats (a row may start anywhere in a
   beat); a burst is cut at 256 beats and at 4 KiB, so a row has at most ``beats // 256 + 2``;
 * a store: per row one AW and one B per burst and the same number of W beats (and for
-  ``STORE_Q`` the requantizer's ``Requantizer.latency`` cycles);
+  ``STORE_Q``, whose rows stream, once the round trip through the requantizer,
+  ``StoreUnit.ROUND_TRIP`` cycles);
 * ``PRELOAD``: ``R`` scratchpad reads; ``MATMUL``: ``rows`` reads plus the array's
   ``R + C - 1`` cycles of latency.
 
@@ -25,7 +26,7 @@ cycles on the channel plus up to 12 cycles of DRAM latency, plus the models' own
 """
 
 from hw.isa import INSTR_BYTES, Opcode
-from hw.requant import Requantizer
+from hw.controller.store_unit import StoreUnit
 from sw import codec
 
 
@@ -64,10 +65,10 @@ def instruction_bound(config, word, wait=WAIT):
         rows = min(fields["rows"], depth)
         row_bytes = min(fields["row_bytes"], width)
         per_burst = 1 if opcode in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC) else 2
-        # A STORE_Q row also waits for the requantizer's pipeline.
-        requantize = Requantizer.latency if opcode == Opcode.STORE_Q else 0
-        per_row = 4 + requantize + _row_handshakes(row_bytes, bus_bytes, per_burst) * wait
-        work = 4 + rows * per_row
+        # STORE_Q's rows stream through the requantizer: its round trip counts once.
+        requantize = StoreUnit.ROUND_TRIP if opcode == Opcode.STORE_Q else 0
+        per_row = 4 + _row_handshakes(row_bytes, bus_bytes, per_burst) * wait
+        work = 4 + requantize + rows * per_row
     elif opcode == Opcode.LOAD_QUANT:
         row_bytes = min(fields["row_bytes"], config.acc_row_bytes)
         work = 4 + 2 * (4 + _row_handshakes(row_bytes, bus_bytes, 1) * wait)

@@ -473,6 +473,24 @@ def test_write_report_runs_every_seed_in_workers(monkeypatch, tmp_path, capfd):
                                 "(exit 1); see pnr.log")
 
 
+def test_write_report_names_a_failed_seed(monkeypatch, tmp_path):
+    """A seed that fails leaves its config's row to the other seeds and is named under the
+    table."""
+    def run_or_fail(config, options, log=print):
+        if config.name == "8x8" and options.seed == 2:
+            raise FlowError("nextpnr-ecp5 failed (exit 1); see pnr.log\nthe log's tail")
+        return _fake_run(config, options, log)
+    monkeypatch.setattr(fpga.report, "run", run_or_fail)
+    out = tmp_path / "fpga.md"
+    reports = write_report(_configs(["4x4", "8x8"]), [], out=out, seeds=(1, 2), jobs=1,
+                           log=lambda line: None)
+    assert [(r["config"], r["seed"]) for r in reports] == [("4x4", 1), ("4x4", 2), ("8x8", 1)]
+    page = out.read_text().splitlines()
+    assert ("| 8x8 | 8001 | 4000 | 64 | 16 | 64 | 49.0 | 49.0 | 1 | 6.3 | "
+            "19.31 ns (17.37 routing), in dma | 1.0 |") in page
+    assert ("* 8x8 npu, seed 2: nextpnr-ecp5 failed (exit 1); see pnr.log") in page
+
+
 # Three flip-flops and a LUT, as nextpnr writes them (times in ps, min:typ:max): a -> lut ->
 # b (0.5 + 1.0 + 0.4 + 0.6 ns), c -> b directly (0.5 + 3.0 ns), b -> a (0.5 + 0.2 ns).
 _SDF = r"""(DELAYFILE

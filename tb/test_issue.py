@@ -132,10 +132,18 @@ WRITES = lambda first, second: {"writes": [first, second]}   # noqa: E731
 
 def UNSEEN(stage, row):
     """The streamer's status with one accumulator write of ``row`` in flight, in ``stage``
-    (0: accepted in the cycle before, 1: two cycles before). Every address is ``row``, so
-    that, held for two cycles, the write is also where it was a cycle before."""
-    unseen = [{"valid": int(i == stage), "addr": row} for i in range(2)]
-    return {"stream": {"drained": 0, "unseen": unseen, "writing": {"valid": 0, "addr": row}}}
+    (0: accepted in the cycle before, 1: two cycles before) when checked (``then``), a
+    stage earlier in the cycle before (``writing`` for stage 0), earlier still in the
+    cycles before that (``lead``), a stage later in the cycle after (``after``): the write
+    moves down the pipeline as in the accumulator (the issue stage keeps copies of the
+    stages' valid flags, asserted equal). Every address is ``row``."""
+    def status(where):
+        unseen = [{"valid": int(i == where), "addr": row} for i in range(2)]
+        return {"drained": 0, "unseen": unseen, "writing": {"valid": int(where < 0),
+                                                            "addr": row}}
+    return {"lead": [{"stream": status(where)} for where in range(-1, stage - 1)],
+            "stream": status(stage - 1), "then": {"stream": status(stage)},
+            "after": {"stream": status(stage + 1)}}
 # (word, statuses, the blocker: None when it issues, or the counter that counts the stall)
 HAZARDS = [
     (END, {}, None), (END, {"load": {"busy": 1}}, "load"),
@@ -210,7 +218,13 @@ def test_hazards():
         await start(ctx, dut)
         for index, (word, statuses, blocker) in enumerate(HAZARDS):
             context = f"case {index}: {decode(word)[0].name} {statuses}"
-            set_status(ctx, dut, **{unit: dict(fields) for unit, fields in statuses.items()})
+            then, after = statuses.get("then", {}), statuses.get("after", {})
+            for lead in statuses.get("lead", []):      # with no head to issue
+                set_status(ctx, dut, **{unit: dict(fields) for unit, fields in lead.items()})
+                set_head(ctx, dut, END, valid=0)
+                await ctx.tick()
+            set_status(ctx, dut, **{unit: dict(fields) for unit, fields in statuses.items()
+                                    if unit not in ("lead", "then", "after")})
             lo, hi = (0x2000, 0x2006) if word == LOAD_SPAD else (0x10, 0x14)
             if index % 2:
                 set_head(ctx, dut, END, valid=0)
@@ -219,6 +233,8 @@ def test_hazards():
             else:
                 set_head(ctx, dut, word, lo=lo, hi=hi, valid=0)
             await ctx.tick()
+            if then:
+                set_status(ctx, dut, **{unit: dict(fields) for unit, fields in then.items()})
             set_head(ctx, dut, word, lo=lo, hi=hi)
             pc, before = ctx.get(dut.host.pc), counters(ctx, dut)
             assert ctx.get(dut.decoded.ready) == (blocker is None), context
@@ -237,6 +253,10 @@ def test_hazards():
             delta = {k: v - before[k] for k, v in counters(ctx, dut).items() if v != before[k]}
             assert delta == ({"instructions": 1} if blocker is None
                              else {f"stall_{blocker}": 1}), context
+            if after:       # a cycle for the write to move on, with no head to issue
+                set_status(ctx, dut, **{unit: dict(fields) for unit, fields in after.items()})
+                set_head(ctx, dut, END, valid=0)
+                await ctx.tick()
             if blocker is None and word == END:
                 assert ctx.get(dut.host.done) == 1, context
                 await start(ctx, dut)

@@ -1,6 +1,6 @@
 """Unit tests of :class:`hw.controller.store_unit.StoreUnit`, on a real memory as its
-accumulator read port: STORE's rows two cycles each (READ, ROW), STORE_Q's through the
-requantizer of the state's mode (checked against :func:`sw.quant.requantize` and
+accumulator read port: STORE's rows two cycles each (READ, ROW), STORE_Q's streamed through the
+requantizer of the state's mode and a queue (checked against :func:`sw.quant.requantize` and
 :func:`sw.quant.requantize_float`), halt, BUS_WRITE, the status."""
 
 import numpy as np
@@ -10,6 +10,7 @@ from amaranth.lib import data
 
 from controller_blocks import CONFIG, WithReadMemory, command_of, offer, pack, unpack
 from error_cases import store, store_q
+from hw.bram import READ_LATENCY
 from hw.controller.store_unit import StoreUnit
 from hw.isa import ErrorCode, QuantMode
 from hw.requant import INT32_MAX, INT32_MIN, Requantizer
@@ -148,17 +149,44 @@ STATES = [
 
 @pytest.mark.parametrize("state", STATES)
 def test_store_q(state):
-    """Each row READ, REQUANTIZE, Requantizer.latency - 1 cycles of wait, ROW; the row is
-    the reference requantization of the accumulator row, in the low C bytes, in either
-    mode."""
-    latency = Requantizer.latency
-    per_row = latency + 2
-    acc, trace = run_store(store_q(5, 3, 3, 0x200, 3), quant=state, cycles=4 * per_row + 4)
-    assert cycles_of(trace, "read") == {1 + per_row * r: 5 + r for r in range(3)}
+    """STORE_Q streams: a read in every cycle from the command's, each row at the writer
+    StoreUnit.ROUND_TRIP cycles after its read; the row is the reference requantization of
+    the accumulator row, in the low C bytes, in either mode."""
+    trip = StoreUnit.ROUND_TRIP
+    assert trip == READ_LATENCY + Requantizer.latency + 2
+    acc, trace = run_store(store_q(5, 3, 3, 0x200, 3), quant=state, cycles=trip + 10)
+    assert cycles_of(trace, "read") == {1 + r: 5 + r for r in range(3)}
     reference = state or quant_state([0] * C, [0] * C, 0, -128, 127)
-    expected = {2 + per_row * r + latency + 1: pack(requantize_state(acc[5 + r], reference), 1)
+    expected = {1 + trip + r: pack(requantize_state(acc[5 + r], reference), 1)
                 for r in range(3)}
     rows = cycles_of(trace, "row")
     assert rows == expected, {c: unpack(v, C, 1) for c, v in rows.items()}
     if state is None:
         assert set(rows.values()) == {0}
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_store_q_stalled_writer(seed):
+    """With the writer taking rows at random (a third of the cycles), a STORE_Q of more rows
+    than its queue holds: no row lost, doubled or out of order, and never more rows read
+    than handed over plus StoreUnit.QUEUE_DEPTH (the queue would overflow: asserted)."""
+    rng = np.random.default_rng(seed)
+    print(f"seed {seed}")
+    rows_n = 2 * StoreUnit.QUEUE_DEPTH + 3
+    cycles = 4 * rows_n + StoreUnit.ROUND_TRIP + 20
+    stall = tuple(c for c in range(cycles) if rng.random() < 2 / 3)
+    state = STATES[1]
+    acc, trace = run_store(store_q(1, rows_n, 3, 0x200, 3), quant=state, row_stall=stall,
+                           cycles=cycles)
+    reads = cycles_of(trace, "read")
+    depth = CONFIG.acc_depth        # the read address wraps
+    assert list(reads.values()) == [(1 + r) % depth for r in range(rows_n)]
+    taken = [row for cycle, row in cycles_of(trace, "row").items() if cycle not in stall]
+    assert taken == [pack(requantize_state(acc[(1 + r) % depth], state), 1)
+                     for r in range(rows_n)]
+    handed = 0
+    for cycle, t in enumerate(trace):
+        if cycle in reads:
+            assert sum(1 for c in reads if c <= cycle) <= handed + StoreUnit.QUEUE_DEPTH
+        if t["row"] is not None and cycle not in stall:
+            handed += 1

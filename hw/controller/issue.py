@@ -155,11 +155,18 @@ class IssueStage(wiring.Component):
                           against(f"acc_vs_slot{i}", overlaps, acc_of,
                                   pair(stream_.writes[i].acc), stream_.slot_follows[i])
                           for i in range(WRITEBACK_SLOTS)]).any()
+        # Each is one flip-flop, the write's valid flag folded into the comparison made a
+        # cycle ahead: the valid flags of the accumulator's stages sit by its block RAM,
+        # across the die (asserted equal to them while a program runs).
         unseen_next = [stream_.writing, stream_.unseen[0]]
         assert len(unseen_next) == len(stream_.unseen)
         for i, write in enumerate(unseen_next):
             hit = ahead(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,))
-            store_raw = store_raw | (stream_.unseen[i].valid & hit)
+            valid = Signal(name=f"acc_unseen{i}_valid")
+            m.d.sync += valid.eq(write.valid)
+            m.d.sync += Assert(~running | (valid == stream_.unseen[i].valid),
+                               f"issue stage: the copy of unseen write {i} out of step")
+            store_raw = store_raw | (valid & hit)
         store_dram_hazard = store.busy & bytes_vs_store
 
         # Why the head waits, for the stall counters: for each kind of instruction (the

@@ -1,12 +1,14 @@
 """The store unit: ``STORE`` and ``STORE_Q``, from the accumulator's read port through the
 requantizer to the DMA writer."""
 
-from amaranth.hdl import Assert, Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from ..bram import READ_LATENCY
 from ..isa import ErrorCode, Opcode, QuantMode
 from ..requant import Requantizer
 from ..requant_float import FloatRequantizer
@@ -30,11 +32,19 @@ class StoreUnit(wiring.Component):
     (``STORE_Q``, through :class:`~hw.requant.Requantizer` or, in float mode,
     :class:`~hw.requant_float.FloatRequantizer`, with the state the last ``LOAD_QUANT`` set).
 
-    One row at a time: read it, requantize it (``Requantizer.latency`` cycles in either
-    mode), hand it to the DMA writer; after the last row, wait for the writer's response.
-    The accumulator's read takes two cycles (:data:`hw.bram.READ_LATENCY`), so each row is
-    read a cycle ahead: the first while the command waits for the writer, each next one in
-    the cycle the row before is handed over.
+    ``STORE`` moves one row at a time: read it, hand it to the DMA writer. The accumulator's
+    read takes two cycles (:data:`hw.bram.READ_LATENCY`), so each row is read a cycle ahead:
+    the first as the writer takes the command, each next one in the cycle the row before is
+    handed over (two cycles a row).
+
+    ``STORE_Q`` streams: a row is read in every cycle while fewer than
+    :attr:`QUEUE_DEPTH` rows are between the read and the writer, each goes through the
+    requantizers (``Requantizer.latency`` cycles in either mode) into a queue, and the
+    queue hands rows to the writer as it takes them. The queue is deep enough for every row
+    of the round trip (:attr:`ROUND_TRIP` cycles from a read to the row at the writer), so
+    rows follow each other in every cycle while the writer takes them: a ``STORE_Q`` of
+    ``n`` rows hands its last row over ``ROUND_TRIP + n - 1`` cycles after the command.
+    After the last row, either instruction waits for the writer's response.
 
     Attributes
     ----------
@@ -47,6 +57,13 @@ class StoreUnit(wiring.Component):
     writer : Out(WriterSignature)
         The DMA writer.
     """
+    #: Cycles from a ``STORE_Q`` row's read to the row at the writer: the accumulator's
+    #: read, the requantizer, and the queue (a write, then its buffered read).
+    ROUND_TRIP = READ_LATENCY + Requantizer.latency + 2
+    #: Rows the ``STORE_Q`` queue holds: a power of two (whether a row may be read is one
+    #: bit of the count in flight) above the round trip.
+    QUEUE_DEPTH = 1 << ROUND_TRIP.bit_length()
+
     def __init__(self, config):
         self.config = config
         cols = config.cols
@@ -118,6 +135,11 @@ class StoreUnit(wiring.Component):
         # across the die) waits for no compare of a count.
         rows_after = Signal(16)
         last = Signal()
+        # STORE_Q reads ahead of the rows handed over: the reads still to make after the
+        # command's, and whether none is left.
+        reads_after = Signal(16)
+        reads_done = Signal()
+        quantized_op = Signal()          # op == STORE_Q, in a flip-flop
         lo = Signal(32)
         hi = Signal(33)
         # While idle, the registers follow the instruction at the issue stage's head, so
@@ -131,6 +153,8 @@ class StoreUnit(wiring.Component):
                 rows.eq(store.rows), row_bytes.eq(store.row_bytes), addr.eq(store.dram_addr),
                 stride.eq(store.dram_stride), pc.eq(cmd.payload.pc),
                 rows_after.eq(store.rows - 1), last.eq(store.rows == 1),
+                reads_after.eq(store.rows - 1), reads_done.eq(store.rows == 1),
+                quantized_op.eq(cmd.payload.instr.opcode == Opcode.STORE_Q),
                 lo.eq(cmd.payload.lo), hi.eq(cmd.payload.hi),
             ]
         m.d.comb += [
@@ -145,29 +169,56 @@ class StoreUnit(wiring.Component):
             self.acc.addr.eq(read_addr),
         ]
 
-        # The row to the writer, chosen per 32-bit lane of the row (the accumulator's lane,
-        # or four requantized bytes) by copies of the two selects, one per lane
-        # (``select_lane_<lane>_*``, kept apart on the FPGA by fpga/flow.py's KEEP_APART):
-        # one flip-flop of the state and one of the opcode drove every bit of the row, by
-        # routes of 5 ns across the die. The copies follow a cycle late; ROW comes later.
-        row_out = []
+        # STORE_Q's rows go through a queue, which takes the result of the mode's
+        # requantizer (the mode holds while a STORE_Q runs: LOAD_QUANT waits for the unit).
+        # The row to the writer is chosen per 32-bit lane of the row (the accumulator's
+        # lane, or four requantized bytes from the queue), and the queue's input per four
+        # bytes likewise, by copies of the two selects, one per lane (``select_lane_<lane>_*``,
+        # kept apart on the FPGA by fpga/flow.py's KEEP_APART): one flip-flop of the state
+        # and one of the opcode drove every bit of the row, by routes of 5 ns across the die.
+        # The copies follow a cycle late, long before a row passes them.
+        m.submodules.queue = queue = SyncFIFOBuffered(width=8 * cols, depth=self.QUEUE_DEPTH)
+        row_out, queue_in = [], []
         for lane in range(cols):
             quantized = Signal(name=f"select_lane_{lane}_quantized")
-            floating = Signal(name=f"select_lane_{lane}_float")
-            requantized = Cat(*[Mux(floating, requant_float.result[byte], requant.result[byte])
-                                for byte in range(4 * lane, min(4 * lane + 4, cols))])
+            m.d.sync += quantized.eq(op == Opcode.STORE_Q)
+            requantized = Const(0, 32)
+            if 4 * lane < cols:
+                floating = Signal(name=f"select_lane_{lane}_float")
+                m.d.sync += floating.eq(state.mode == QuantMode.FLOAT)
+                queue_in += [Mux(floating, requant_float.result[byte], requant.result[byte])
+                             for byte in range(4 * lane, min(4 * lane + 4, cols))]
+                requantized = queue.r_data[32 * lane:min(32 * lane + 32, 8 * cols)]
+                selects = (quantized, floating)
             row_out.append(Mux(quantized, requantized, self.acc.data[lane])[:32])
-            m.d.sync += [quantized.eq(op == Opcode.STORE_Q),
-                         floating.eq(state.mode == QuantMode.FLOAT)]
-            selects = (quantized, floating)
-        m.d.comb += writer.row.payload.eq(Cat(*row_out))
+        m.d.comb += [
+            writer.row.payload.eq(Cat(*row_out)),
+            queue.w_en.eq(requant.result_valid),
+            queue.w_data.eq(Cat(*queue_in)),
+        ]
 
-        assert Requantizer.latency >= 2, "REQUANTIZE and at least one REQUANTIZE_WAIT"
-        requant_wait = Signal(range(Requantizer.latency - 1))
         read = Signal()
         m.d.comb += self.acc.en.eq(read)     # the read port holds its row between reads
         with m.If(read):
             m.d.sync += read_addr.eq(read_addr + 1)
+        # STORE_Q: each row read reaches the requantizers READ_LATENCY cycles later; rows
+        # read and not yet handed over (``in_flight``) stay below the queue's depth.
+        quantized_read = Signal()
+        arriving = quantized_read
+        for stage in range(READ_LATENCY):
+            registered = Signal(name=f"quantized_read_{stage + 1}")
+            m.d.sync += registered.eq(arriving)
+            arriving = registered
+        m.d.comb += [requant.valid.eq(arriving), requant_float.valid.eq(arriving)]
+        in_flight = Signal(range(self.QUEUE_DEPTH + 1))
+        handed = Signal()
+        m.d.sync += in_flight.eq(in_flight + quantized_read - handed)
+        room = ~in_flight[-1]                # in_flight < QUEUE_DEPTH, a power of two
+        m.d.comb += [queue.r_en.eq(writer.row.ready), handed.eq(queue.r_rdy & writer.row.ready)]
+        m.d.sync += [
+            Assert(~(queue.w_en & ~queue.w_rdy), "store unit: the STORE_Q queue overflowed"),
+            Assert(in_flight <= self.QUEUE_DEPTH, "store unit: STORE_Q rows beyond the queue"),
+        ]
         # The soft reset's halt, registered here: the issue stage's flip-flop drives logic
         # spread over the die, and this one only the writer's command (a command may still
         # start in the halt's first cycle; it ends on the bus like any command in flight).
@@ -181,27 +232,28 @@ class StoreUnit(wiring.Component):
                 # The first row is read as the writer takes the command.
                 m.d.comb += writer.cmd.valid.eq(~halt)
                 with m.If(writer.cmd.valid & writer.cmd.ready):
-                    m.d.comb += read.eq(1)
-                    m.next = "READ"
+                    m.d.comb += [read.eq(1), quantized_read.eq(quantized_op)]
+                    with m.If(quantized_op):
+                        m.next = "STREAM"
+                    with m.Else():
+                        m.next = "READ"
+            with m.State("STREAM"):
+                # STORE_Q: read while rows are left and the queue has room for them; hand
+                # the queue's rows over as the writer takes them.
+                m.d.sync += Assert(Cat(*selects) == Cat(1, state.mode == QuantMode.FLOAT),
+                                   "store unit: the STORE_Q selects out of step")
+                with m.If(~reads_done & room):
+                    m.d.comb += [read.eq(1), quantized_read.eq(1)]
+                    m.d.sync += [reads_after.eq(reads_after - 1),
+                                 reads_done.eq(reads_after == 1)]
+                with m.If(handed):
+                    m.d.sync += [rows_after.eq(rows_after - 1), last.eq(rows_after == 1)]
+                    with m.If(last):
+                        m.next = "WAIT"
             with m.State("READ"):            # the row's data arrives in the next state
-                with m.If(op == Opcode.STORE_Q):
-                    m.next = "REQUANTIZE"
-                with m.Else():
-                    m.next = "ROW"
-            # STORE_Q: the row read in READ goes through the requantizer's pipeline; its
-            # result is there Requantizer.latency cycles after REQUANTIZE.
-            with m.State("REQUANTIZE"):
-                m.d.comb += [requant.valid.eq(1), requant_float.valid.eq(1)]
-                m.d.sync += requant_wait.eq(Requantizer.latency - 2)
-                m.next = "REQUANTIZE_WAIT"
-            with m.State("REQUANTIZE_WAIT"):
-                m.d.sync += requant_wait.eq(requant_wait - 1)
-                with m.If(requant_wait == 0):
-                    m.next = "ROW"
+                m.next = "ROW"
             with m.State("ROW"):
-                m.d.sync += Assert(Cat(*selects) == Cat(op == Opcode.STORE_Q,
-                                                        state.mode == QuantMode.FLOAT),
-                                   "store unit: the row's selects out of step")
+                m.d.sync += Assert(~selects[0], "store unit: the STORE selects out of step")
                 with m.If(writer.row.ready):
                     m.d.sync += [rows_after.eq(rows_after - 1), last.eq(rows_after == 1)]
                     with m.If(last):
@@ -221,14 +273,17 @@ class StoreUnit(wiring.Component):
                 m.next = "IDLE"
         # ROW kept in a flip-flop beside the state: the row's valid goes to the DMA writer's
         # buffer (its enables) from a flip-flop, not from a decode of the state register.
+        # STORE_Q's rows are valid from the queue's flip-flop (it holds rows only then).
         in_row = Signal()
-        with m.If((fsm.ongoing("READ") & (op != Opcode.STORE_Q)) |
-                  (fsm.ongoing("REQUANTIZE_WAIT") & (requant_wait == 0))):
+        with m.If(fsm.ongoing("READ")):
             m.d.sync += in_row.eq(1)
         with m.If(fsm.ongoing("ROW") & writer.row.ready):
             m.d.sync += in_row.eq(0)
-        m.d.comb += writer.row.valid.eq(in_row)
-        m.d.sync += Assert(in_row == fsm.ongoing("ROW"), "store unit: ROW out of step")
+        m.d.comb += writer.row.valid.eq(in_row | queue.r_rdy)
+        m.d.sync += [
+            Assert(in_row == fsm.ongoing("ROW"), "store unit: ROW out of step"),
+            Assert(~queue.r_rdy | fsm.ongoing("STREAM"), "store unit: a STORE_Q row left over"),
+        ]
         # Idle kept in a flip-flop beside the state (the issue stage decides from it): left
         # with the command, entered with the transitions into IDLE above.
         idle_reg = Signal(init=1)

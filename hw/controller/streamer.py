@@ -224,6 +224,24 @@ class Streamer(wiring.Component):
         m.d.sync += Assert(~self.result.valid |
                            (write_addr == (oldest.acc.lo + out_count)[:len(write_addr)]),
                            "streamer: write_addr out of step")
+        # Whether this result is the oldest MATMUL's last, in a flip-flop kept as write_addr
+        # is (from a count of the rows left after this one): the slot mux, a subtraction
+        # and a 16-bit comparison into the slot count and the issue stage's flags were a
+        # long path.
+        out_left = Signal(16)
+        out_last = Signal()
+        cmd_rows = matmul.rows
+        with m.If(self.result.valid):
+            with m.If(pop):
+                rows_next = Mux(queued == 1, cmd_rows,
+                                Mux(head, slots[0].rows, slots[1].rows))
+                m.d.sync += [out_left.eq(rows_next - 1), out_last.eq(rows_next == 1)]
+            with m.Else():
+                m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 1)]
+        with m.Elif(queued == 0):
+            m.d.sync += [out_left.eq(cmd_rows - 1), out_last.eq(cmd_rows == 1)]
+        m.d.sync += Assert(~self.result.valid | (out_last == (out_count == oldest.rows - 1)),
+                           "streamer: out_last out of step")
         with m.If(self.result.valid):
             m.d.comb += [
                 self.acc.addr.eq(write_addr),
@@ -232,7 +250,7 @@ class Streamer(wiring.Component):
                 self.acc.en.eq(1),
             ]
             m.d.sync += out_count.eq(out_count + 1)
-            with m.If(out_count == oldest.rows - 1):
+            with m.If(out_last):
                 m.d.comb += pop.eq(1)
                 m.d.sync += [out_count.eq(0), head.eq(~head)]
         with m.Else():
