@@ -438,8 +438,9 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
 
 * **The whole NPU is limited by the paths between its blocks, not by the array.** Every
   block RAM is read through its output register, the accumulator's read-modify-write is a
-  pipeline with forwarding, the requantizers register their input and each of their seven
-  stages holds at most one wide shift, multiply, add or clamp, the issue stage compares a
+  pipeline with forwarding, the requantizers register their input and each of their ten
+  stages holds at most one wide shift, multiply, add or clamp (no logic beside the routes
+  into and out of their DSPs), `STORE_Q` streams its rows, the issue stage compares a
   cycle ahead from flip-flops (decoded kinds, registered unit statuses), faults reach the
   error arbiter from flip-flops, and no reset reaches a data register that a valid flag
   qualifies (the core reset, registered once per block of the controller, per PE row of

@@ -78,8 +78,9 @@ class NPU(wiring.Component):
         # The core reset is registered (as a sum of the DMA's state it made every flip-flop
         # it reaches a long path), one copy per block, so that each copy reaches only its
         # block's flip-flops: nextpnr routes it in the fabric like any net (it puts only
-        # clocks on global nets). The controller and the array make their own copies, one
-        # per block of the controller and one per PE row (Controller.soft_reset,
+        # clocks on global nets). The controller, the DMA and the array make their own
+        # copies, one per block of the controller, one each for the DMA's reader and writer
+        # and one per PE row (Controller.soft_reset, DMA.soft_reset,
         # SystolicArray.soft_reset). The copies are equal by design; fpga/flow.py keeps them
         # apart in synthesis by their name (KEEP_APART).
         soft_reset = controller.soft_reset_pending & dma.idle
@@ -91,7 +92,8 @@ class NPU(wiring.Component):
 
         m.submodules.controller = controller
         m.d.comb += controller.soft_reset.eq(soft_reset)
-        core("dma", dma)
+        m.submodules.dma = dma
+        m.d.comb += dma.soft_reset.eq(soft_reset)
         m.submodules.scratchpad = scratchpad
         core("accumulator", accumulator)
         m.submodules.array = array

@@ -3,6 +3,7 @@ values: start checks, latched program registers, one hazard per row of its table
 attribution, START_BUSY, the error arbiter and the stop, soft reset."""
 
 import pytest
+from amaranth.hdl import ResetInserter, Signal
 
 from controller_blocks import CONFIG, row_ranges, span
 from error_cases import END, load_acc, load_quant, load_spad, matmul, preload, store, store_q
@@ -426,3 +427,30 @@ def test_soft_reset():
         assert (ctx.get(dut.fetch.enable), ctx.get(dut.host.error),
                 ctx.get(dut.host.done), ctx.get(dut.fetch.prog_addr)) == (0, 0, 0, 0)
     simulate(body)
+
+
+def test_counters_clear_after_a_reset():
+    """The core reset clears the cycle and performance counters: in the cycle after it, from
+    the stage's own flip-flop (``core_reset_counters``), so they read 0 from the second
+    cycle after it on."""
+    dut = IssueStage(CONFIG)
+    reset = Signal()
+
+    async def testbench(ctx):
+        set_status(ctx, dut)
+        await start(ctx, dut)
+        await issue_preloads(ctx, dut, 3)
+        set_head(ctx, dut, END, valid=0)
+        await ctx.tick()
+        assert ctx.get(dut.host.perf.instructions) == 3 and ctx.get(dut.host.cycles) == 5
+        assert ctx.get(dut.host.perf.stall_fetch) == 1
+        ctx.set(reset, 1)
+        await ctx.tick()
+        ctx.set(reset, 0)
+        await ctx.tick()
+        for _ in range(3):
+            assert ctx.get(dut.host.cycles) == 0
+            assert ctx.get(dut.host.perf.as_value()) == 0
+            await ctx.tick()
+
+    run_simulation(ResetInserter(reset)(dut), testbench)

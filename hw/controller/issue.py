@@ -9,7 +9,7 @@ from ..isa import INSTR_BYTES, ErrorCode
 from .decoder import KIND_OPCODES, Decoded, NextHeadSignature
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
-from .signatures import Fault, HostLinkSignature, UnitSignature
+from .signatures import Fault, HostLinkSignature, PerfCounters, UnitSignature
 from .store_unit import StoreStatus
 from .streamer import WRITEBACK_SLOTS, StreamStatus
 from .weight_loader import WeightStatus
@@ -62,12 +62,26 @@ class IssueStage(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        host, perf = self.host, self.host.perf
+        host = self.host
+        # The counters (performance and cycles, 288 flip-flops) are cleared in the cycle
+        # after a reset, by a flip-flop that the reset sets (``core_reset_counters``, kept
+        # apart on the FPGA): the stage's reset flip-flop reached them all, spread over the
+        # die. Nothing counts in that cycle (counting needs ``running``, which the reset
+        # clears), and a start in it sets them as always.
+        perf = Signal(PerfCounters, reset_less=True)
+        cycles = Signal.like(host.cycles, name="cycles", reset_less=True)
+        m.d.comb += [host.perf.eq(perf), host.cycles.eq(cycles)]
+        counters_reset = Signal(init=1, name="core_reset_counters")
+        m.d.sync += counters_reset.eq(0)
+        with m.If(counters_reset):
+            m.d.sync += [perf.eq(0), cycles.eq(0)]
         load, weights, stream_, store = (self.load.status, self.weights.status,
                                          self.stream.status, self.store.status)
 
         # ------------------------------------------------------------ run state
         running = Signal()           # between start and done/error
+        m.d.sync += Assert(~(counters_reset & running),
+                           "issue stage: running in the cycle after a reset")
         halting = Signal()           # a soft reset is pending (the core reset clears it)
         with m.If(host.soft_reset):
             m.d.sync += halting.eq(1)
@@ -79,7 +93,7 @@ class IssueStage(wiring.Component):
         start = Signal()
         m.d.comb += start.eq(host.start & ~halting)
         with m.If(running):
-            m.d.sync += host.cycles.eq(host.cycles + 1)
+            m.d.sync += cycles.eq(cycles + 1)
         start_while_busy = Signal()
         with m.If(start & running):
             m.d.sync += start_while_busy.eq(1)
@@ -311,7 +325,7 @@ class IssueStage(wiring.Component):
             m.d.sync += [
                 host.done.eq(0), host.error.eq(0), host.error_code.eq(0),
                 host.error_pc.eq(0), host.pc.eq(0), at_prog_end.eq(host.prog_len == 0),
-                host.cycles.eq(1),
+                cycles.eq(1),
                 stopping.eq(0), perf.eq(0),
                 prog_addr.eq(host.prog_addr), prog_len.eq(host.prog_len),
             ]

@@ -1,7 +1,7 @@
 """The DMA engine: an AXI4 master moving 2-D strided blocks between DRAM and local rows, its
 reader on the read channels and its writer on the write channels."""
 
-from amaranth.hdl import Module
+from amaranth.hdl import Module, ResetInserter, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -67,6 +67,11 @@ class DMA(wiring.Component):
         then high if one was SLVERR or DECERR or a response came that no burst awaited.
     idle : Out(1)
         No command is running and nothing is outstanding on the bus.
+    soft_reset : In(1)
+        Resets the reader and the writer from the next cycle, each through its own
+        registered copy (``core_reset_reader``, ``core_reset_writer``: one flip-flop for
+        both reached every register of the DMA, by routes of up to 11 ns on the 85F). The
+        ``sync`` domain's reset resets them at once, as before.
     """
     def __init__(self, *, data_width, read_row_bytes, write_row_bytes, addr_width=32):
         self.data_width = data_width
@@ -85,6 +90,7 @@ class DMA(wiring.Component):
             "write_done":  Out(1),
             "write_error": Out(1),
             "idle":        Out(1),
+            "soft_reset":  In(1),
         })
 
     def _row_geometry(self, m, addr, row_bytes, name):
@@ -99,12 +105,19 @@ class DMA(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.reader = reader = DMAReader(
+
+        def half(name, component):
+            reset = Signal(name=f"core_reset_{name}")
+            m.d.sync += reset.eq(self.soft_reset)
+            m.submodules[name] = ResetInserter(reset)(component)
+            return component
+
+        reader = half("reader", DMAReader(
             data_width=self.data_width, row_bytes=self.read_row_bytes,
-            addr_width=self.addr_width, geometry=self)
-        m.submodules.writer = writer = DMAWriter(
+            addr_width=self.addr_width, geometry=self))
+        writer = half("writer", DMAWriter(
             data_width=self.data_width, row_bytes=self.write_row_bytes,
-            addr_width=self.addr_width, geometry=self)
+            addr_width=self.addr_width, geometry=self))
         # The two halves of the AXI4 master: each channel's members, in their direction.
         for half in (reader.bus, writer.bus):
             for name, member in half.signature.members.items():
