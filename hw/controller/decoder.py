@@ -78,9 +78,11 @@ class Decoder(wiring.Component):
     range. A fetched word takes two cycles to the queue: the first forms the block's
     ``rows x stride`` as two partial products (multipliers with registered outputs) beside
     ``base = addr + row_bytes - stride`` and the other checks; the second sums the DRAM end
-    and checks its range. The queue's head then waits in a register (``decoded``, in slices,
-    see :data:`HEAD_SLICES`) until the issue stage takes it, so no path from the queue's
-    memory reaches the issue stage's logic.
+    and checks its range. The queue reads through a register (its front entry, ``next``,
+    from flip-flops), so an entry is at its front two cycles after it is written. The
+    queue's head then waits in a register (``decoded``, in slices, see
+    :data:`HEAD_SLICES`) until the issue stage takes it, so no path from the queue's memory
+    reaches the issue stage's logic.
 
     Parameters
     ----------
@@ -266,7 +268,12 @@ class Decoder(wiring.Component):
         hi_sum = sum_of_three("hi_sum", low, high, stage.base)
         over_sum = sum_of_three("over_sum", low, high, ~stage.limit)
         over_limit = ~over_sum[49]           # product - limit - 1 >= 0
-        queue = fifo.SyncFIFO(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH)
+        # The queue reads through a register (SyncFIFOBuffered): its front entry, which the
+        # issue stage compares with its units a cycle ahead (``next``), comes from
+        # flip-flops, not from the distributed RAM's read (whose routes into the hazard
+        # flags were the NPU's longest path). An entry is there a cycle after its write
+        # later than with a plain read.
+        queue = fifo.SyncFIFOBuffered(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH)
         m.submodules.queue = ResetInserter(flush)(queue)
         entry = Signal(Decoded)
         m.d.comb += [
