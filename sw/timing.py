@@ -287,8 +287,9 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
 
         # ------------------------------------------------------------ next cycle
         # Decoder: a word the DMA delivers in cycle t is in the fetcher's register in t + 1,
-        # in the decoder's stage register in t + 2, written into the queue at the end of
-        # t + 2, and at the queue's front (its read register) from t + 4.
+        # in the decoder's input register in t + 2, in its stage register in t + 3, written
+        # into the queue at the end of t + 3, and at the queue's front (its read register)
+        # from t + 5.
         next_level = level
         if decoding and decoding[0] == t:
             decoding.popleft()
@@ -296,7 +297,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
         if read_row:
             row_times.popleft()
             if not reader_is_load:
-                decoding.append(t + 3)
+                decoding.append(t + 4)
                 fetch_pc += 1
         if level > 0 and (not dec_valid or issue):
             next_level -= 1

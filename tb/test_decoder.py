@@ -81,7 +81,7 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
     come and ``ready`` is high at random, with long stretches of ``ready`` low that fill the
     queue. Returns ``(word, lo, hi, check, bus_error, spad, acc)`` for every word, in the
     order they left, and checks on every cycle the handshake against a model of the
-    pipeline: a word offered in cycle t is at the queue's front from t + 3; ``taken``
+    pipeline: a word offered in cycle t is at the queue's front from t + 4; ``taken``
     exactly when the queue holds a word and the head register is empty or its word leaves;
     the head in ``decoded`` the cycle after."""
     dut = Decoder(config)
@@ -114,7 +114,7 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
             assert valid == head, f"{context}: decoded.valid"
             if held is not None:
                 assert record == held, f"{context}: not held"
-            in_queue = bool(pipeline) and pipeline[0] <= cycle - 3
+            in_queue = bool(pipeline) and pipeline[0] <= cycle - 4
             take = in_queue and (not head or ready)
             assert ctx.get(dut.words.taken) == take, f"{context}: taken"
             if valid and ready:
@@ -165,9 +165,9 @@ def assert_decoded(word, record, context, bus_error=0):
 
 
 def test_register_stage():
-    """A word offered in cycle t leaves the queue (``taken``) in t + 3 and is in ``decoded``
-    in t + 4 (check stage, queue, its read register, head register), with its bounds and row
-    ranges; the next
+    """A word offered in cycle t leaves the queue (``taken``) in t + 4 and is in ``decoded``
+    in t + 5 (input register, check stage, queue, its read register, head register), with
+    its bounds and row ranges; the next
     is taken only in the cycle the held one leaves; ``flush`` drops the held word and the
     words in the stage, in the queue and on ``word`` in that cycle; ``bus_error`` passes
     through."""
@@ -192,12 +192,12 @@ def test_register_stage():
 
     async def testbench(ctx):
         fetched(ctx, first)
-        for _ in range(3):                            # cycles 0 to 2
+        for _ in range(4):                            # cycles 0 to 3
             assert (taken(ctx), ctx.get(dut.decoded.valid)) == (0, 0)
             await tick(ctx)
-        assert (taken(ctx), ctx.get(dut.decoded.valid)) == (1, 0)   # cycle 3: out of the queue
+        assert (taken(ctx), ctx.get(dut.decoded.valid)) == (1, 0)   # cycle 4: out of the queue
         await tick(ctx)
-        assert held(ctx) == first                                   # cycle 4
+        assert held(ctx) == first                                   # cycle 5
         payload = ctx.get(dut.decoded.payload)
         assert (payload.lo, payload.hi) == (0x100, 0x101)
         assert ((payload.spad.lo, payload.spad.hi), (payload.acc.lo, payload.acc.hi)) == \
@@ -218,9 +218,9 @@ def test_register_stage():
         assert ctx.get(dut.decoded.valid) == 0
         ctx.set(dut.decoded.ready, 0)
         fetched(ctx, third)
-        await tick(ctx, 4)
+        await tick(ctx, 5)
         assert held(ctx) == third
-        # A word in the queue, one in the stage, one on ``word``: the flush drops them all.
+        # Words in the queue, in the stages, on ``word``: the flush drops them all.
         fetched(ctx, first)
         await tick(ctx)
         fetched(ctx, second)
@@ -235,13 +235,13 @@ def test_register_stage():
             assert (taken(ctx), ctx.get(dut.decoded.valid)) == (0, 0)
             await tick(ctx)
         fetched(ctx, 0, bus_error=1)
-        await tick(ctx, 4)
+        await tick(ctx, 5)
         assert held(ctx) == 0
         assert ctx.get(dut.decoded.payload.bus_error) == 1
         assert ctx.get(dut.decoded.payload.check) == ErrorCode.ILLEGAL_OPCODE.value
         fetched(ctx, first, bus_error=0)
         ctx.set(dut.decoded.ready, 1)
-        await tick(ctx, 4)
+        await tick(ctx, 5)
         assert held(ctx) == first and ctx.get(dut.decoded.payload.bus_error) == 0
 
     run_simulation(dut, testbench)

@@ -75,7 +75,8 @@ class Decoder(wiring.Component):
     instruction queue (:data:`~hw.config.FETCH_DEPTH` entries).
 
     Operand checks come in the order the ISA documents them: lengths, local range, DRAM
-    range. A fetched word takes two cycles to the queue: the first forms the block's
+    range. A fetched word is registered on its way in, then takes two cycles to the
+    queue: the first forms the block's
     ``rows x stride`` as two partial products (multipliers with registered outputs) beside
     ``base = addr + row_bytes - stride`` and the other checks; the second sums the DRAM end
     and checks its range. The queue reads through a register (its front entry, ``next``,
@@ -112,7 +113,13 @@ class Decoder(wiring.Component):
         config = self.config
         rows, cols = config.rows, config.cols
         words, flush = self.words, self.words.flush
-        fetched = words.word.payload.instr
+        # Stage 0: the fetched word, registered beside the checks before any logic reads it
+        # (the route from the fetcher's register, by the DMA, and the checks of stage 1
+        # did not fit one cycle together). A word on ``word`` during a flush is dropped.
+        word = Signal(words.word.payload.shape(), name="word_in")
+        word_valid = Signal()
+        m.d.sync += [word.eq(words.word.payload), word_valid.eq(words.word.valid & ~flush)]
+        fetched = word.instr
         opcode = fetched.opcode
         load, store, quant = fetched.args.load, fetched.args.store, fetched.args.quant
         preload, matmul = fetched.args.preload, fetched.args.matmul
@@ -234,9 +241,9 @@ class Decoder(wiring.Component):
             "acc": RowRange, "dram": 1,
             "check": 8}))
         m.d.sync += [
-            stage.valid.eq(words.word.valid),
+            stage.valid.eq(word_valid),
             stage.instr.eq(fetched),
-            stage.bus_error.eq(words.word.payload.bus_error),
+            stage.bus_error.eq(word.bus_error),
             stage.multiplied.eq((opcode == Opcode.LOAD_SPAD) | (opcode == Opcode.LOAD_ACC) |
                                 (opcode == Opcode.STORE) | (opcode == Opcode.STORE_Q)),
             stage.base.eq(base),
