@@ -456,12 +456,11 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   blocks the placer puts far apart (the DSP and block RAM columns spread the design over
   the die), with a few LUTs or a carry chain between them, some twenty groups within 1 ns
   of the worst, so that which one a placement stretches decides the figure. The largest
-  groups: the issue decision (from the accumulator's pipeline stages and the streamer's
-  statuses, through the hazard flags) into the decoder's head register and the units'
-  registers, the requantizers' first stage (the saturating shift) and the routes to and
-  from their DSPs, the fetcher's word into the decoder's first stage, the fetcher's grant
-  into the DMA reader's command registers, the reader's beats into its row. Each needs a
-  register at a block boundary, a copy per lane, or the blocks kept together on the die.
+  groups (docs/fpga-timing.md has the latest list): inside the requantizers' lanes, whose
+  logic spreads around their DSPs; the issue decision into the decoder's head register and,
+  through the fetcher's grant, into the DMA reader's command registers; the decoder's
+  stage-1 checks; the host's program registers into the first fetch. Each needs a register
+  at a block boundary, a copy per lane, or the blocks kept together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
