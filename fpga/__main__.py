@@ -26,6 +26,20 @@ def _flow_arguments(parser):
     parser.add_argument("--mac", choices=MAC_STYLES, default="dsp",
                         help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
                              "of 'npu verilog', multipliers as Yosys infers them")
+    parser.add_argument("--pnr-minutes", type=_minutes, default=FlowOptions.pnr_minutes,
+                        metavar="MIN", help="stop a place and route still running after this "
+                        f"long, as a failed run (default {FlowOptions.pnr_minutes:g}; 0: no "
+                        "limit)")
+
+
+def _minutes(text):
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = -1
+    if minutes < 0:
+        raise argparse.ArgumentTypeError(f"minutes must be a number, at least 0, not {text!r}")
+    return minutes or None
 
 
 def _names(text):
@@ -94,7 +108,8 @@ def main(argv=None):
         if arguments.command == "run":
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
                                   mac=arguments.mac, seed=arguments.seed, top=arguments.top,
-                                  synth_only=arguments.synth_only)
+                                  synth_only=arguments.synth_only,
+                                  pnr_minutes=arguments.pnr_minutes)
             report = run(arguments.config, options,
                          log=(lambda line: print(line, file=sys.stderr)) if arguments.json
                          else print)
@@ -102,7 +117,7 @@ def main(argv=None):
                 print(json.dumps(report, indent=2))
         elif arguments.command == "report":
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
-                                  mac=arguments.mac)
+                                  mac=arguments.mac, pnr_minutes=arguments.pnr_minutes)
             write_report(arguments.configs, arguments.array_configs, options, arguments.out,
                          seeds=arguments.seeds, jobs=arguments.jobs, reuse=arguments.reuse)
         else:

@@ -106,11 +106,19 @@ def _tool(env_name, wheel_name):
     return [found]
 
 
-def _run_tool(command, log_path, what):
+def _run_tool(command, log_path, what, *, minutes=None):
+    """Run ``command`` in ``log_path``'s folder, its output to ``log_path``; return the
+    seconds it took. ``FlowError`` if it fails, or if it is still running after
+    ``minutes`` (then it is stopped)."""
     started = time.monotonic()
     with open(log_path, "w") as log:
-        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=log_path.parent)
+        try:
+            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=log_path.parent,
+                                    timeout=None if minutes is None else 60 * minutes)
+        except subprocess.TimeoutExpired:
+            raise FlowError(f"{what} did not finish within {minutes:g} minutes (stopped); "
+                            f"see {log_path.parent}") from None
     seconds = time.monotonic() - started
     if result.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-20:])
@@ -196,8 +204,10 @@ def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):
 
 
 def place_and_route(workdir, *, device, frequency_mhz, seed=1, router="router2",
-                    package=PACKAGE, speed=SPEED):
-    """Run nextpnr-ecp5 on ``npu.json``; nextpnr's report goes to ``nextpnr.json``."""
+                    package=PACKAGE, speed=SPEED, minutes=None):
+    """Run nextpnr-ecp5 on ``npu.json``; nextpnr's report goes to ``nextpnr.json``. With
+    ``minutes``, a run still going after that long is stopped (``FlowError``): router2 may
+    not converge on some placements, and then runs on for hours."""
     (workdir / "npu.lpf").write_text(
         "# Out-of-context build: the scan harness's five pins are placed by nextpnr.\n"
         f'FREQUENCY PORT "clk" {frequency_mhz} MHZ;\n')
@@ -208,7 +218,7 @@ def place_and_route(workdir, *, device, frequency_mhz, seed=1, router="router2",
         "--report", "nextpnr.json", "--sdf", "npu.sdf", "--textcfg", "npu.config",
         "--log", "pnr.log", "-q",
     ]
-    return _run_tool(command, workdir / "pnr.stdout", "nextpnr-ecp5")
+    return _run_tool(command, workdir / "pnr.stdout", "nextpnr-ecp5", minutes=minutes)
 
 
 def _critical_path(paths):
@@ -281,6 +291,10 @@ class FlowOptions:
     router: str = "router2"
     seed: int = 1
     synth_only: bool = False
+    #: Place and route stops after this long (``None``: no limit). A run of the whole 8x8 NPU
+    #: takes 11 to 18 minutes on the 2-core machine alone, up to about 30 beside another;
+    #: one whose router2 does not converge runs on for hours.
+    pnr_minutes: float = 60.0
 
 
 def build_dir(config, device, mac, top="npu", seed=FlowOptions.seed):
@@ -303,6 +317,10 @@ def run(config, options=None, *, workdir=None, log=print):
         raise TypeError(f"config must be an NPUConfig, not {config!r}")
     if options.device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {options.device!r}")
+    if options.pnr_minutes is not None and not (
+            isinstance(options.pnr_minutes, (int, float)) and options.pnr_minutes > 0):
+        raise ValueError(f"pnr_minutes must be a positive number of minutes or None, not "
+                         f"{options.pnr_minutes!r}")
     workdir = Path(workdir) if workdir else build_dir(config, options.device, options.mac,
                                                       options.top, options.seed)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -365,7 +383,7 @@ def run(config, options=None, *, workdir=None, log=print):
     if not options.synth_only:
         pnr_seconds = place_and_route(workdir, device=options.device,
                                       frequency_mhz=options.frequency_mhz, seed=options.seed,
-                                      router=options.router)
+                                      router=options.router, minutes=options.pnr_minutes)
         fmax, utilization, critical = read_report(workdir)
         bels = {bel: figures["used"] for bel, figures in utilization.items()}
         report.update({

@@ -518,7 +518,10 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   for seed 1, as `make fpga` names it), and the runs go to `FPGA_JOBS` worker processes
   (each runs one single-threaded tool at a time), the largest first: the whole NPU before
   the array alone, more PEs first, so that no long run starts last. A failed run does not
-  stop the others; they are reported together at the end, and `python -m fpga report
+  stop the others; a place and route still running after `--pnr-minutes` (60 by default:
+  router2 does not converge on some placements, and then runs on for hours) is stopped and
+  counts as failed; the page names the failed runs under its table, and its figures are the
+  other seeds' (a config with no run left stops the report). `python -m fpga report
   --reuse` then takes every run already made with the same options and seed. The
   Makefile's comment estimates how long the defaults take.
 

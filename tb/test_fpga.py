@@ -11,6 +11,7 @@ over seeds, the page's rows) and the board's PLL settings are checked without an
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,10 @@ from amaranth.lib import data
 from amaranth.lib.memory import Memory
 
 import fpga.report
+from fpga.__main__ import main as fpga_main
 from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll
-from fpga.flow import ECP5Target, FlowError, FlowOptions, build_dir, run
+from fpga.flow import (ECP5Target, FlowError, FlowOptions, _run_tool, build_dir,
+                       run)
 from fpga.pll import PLLSetting, ecp5_pll
 from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, summarize,
                          write_report)
@@ -629,3 +632,21 @@ def test_mult18x18d_form_of_the_decoder_matches_plain(seed, tmp_path):
     assert text.count("MULT18X18D #") == 2
     decoded = sum(valid for valid, _ in schedule)
     assert f"MISMATCH=0 RESULTS={decoded}" in ran.stdout, (ran.stdout, ran.stderr, seed)
+
+
+def test_place_and_route_time_limit(tmp_path):
+    """A tool still running after its time limit is stopped and fails the run with a clear
+    error (router2 may never converge); a limit that is not a positive number is refused."""
+    started = time.monotonic()
+    with pytest.raises(FlowError, match=r"^sleeper did not finish within 0\.01 minutes "
+                                        r"\(stopped\); see "):
+        _run_tool(["sleep", "30"], tmp_path / "sleeper.log", "sleeper", minutes=0.01)
+    assert time.monotonic() - started < 20
+    assert _run_tool(["true"], tmp_path / "true.log", "true", minutes=0.01) < 20
+    for minutes in (0, -1, "10"):
+        with pytest.raises(ValueError, match="pnr_minutes must be a positive number of "
+                                             f"minutes or None, not {minutes!r}"):
+            run(NPUConfig.from_name("2x2"), FlowOptions(pnr_minutes=minutes),
+                workdir=tmp_path / "run")
+    with pytest.raises(SystemExit):          # argparse: "minutes must be a number, ..."
+        fpga_main(["run", "--pnr-minutes", "soon"])
