@@ -393,7 +393,8 @@ def test_makefile_defaults_are_the_report_defaults():
                     if line.startswith("FPGA_") and " ?= " in line)
     assert defaults == {"FPGA_CONFIGS": ",".join(NPU_CONFIGS),
                         "FPGA_ARRAY_CONFIGS": ",".join(ARRAY_CONFIGS),
-                        "FPGA_SEEDS": ",".join(map(str, SEEDS)), "FPGA_JOBS": str(JOBS)}
+                        "FPGA_SEEDS": ",".join(map(str, SEEDS)), "FPGA_JOBS": str(JOBS),
+                        "FPGA_PNR_MINUTES": f"{FlowOptions.pnr_minutes:g}"}
 
 
 def _fake_report(config, top, seed, fmax_mhz, minutes):
