@@ -117,8 +117,11 @@ def _run_tool(command, log_path, what, *, minutes=None):
                                     cwd=log_path.parent,
                                     timeout=None if minutes is None else 60 * minutes)
         except subprocess.TimeoutExpired:
+            folder = log_path.parent.resolve()
+            if folder.is_relative_to(REPO_ROOT):
+                folder = folder.relative_to(REPO_ROOT)
             raise FlowError(f"{what} did not finish within {minutes:g} minutes (stopped); "
-                            f"see {log_path.parent}") from None
+                            f"see {folder}") from None
     seconds = time.monotonic() - started
     if result.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-20:])
