@@ -26,7 +26,7 @@ from amaranth_boards.ulx3s import (ULX3S_25F_Platform, ULX3S_45F_Platform,
 
 from hw.pe import ECP5_MAC_PIPELINE
 from hw.top import NPU
-from .flow import REPO_ROOT, FlowError
+from .flow import KEEP_APART, REPO_ROOT, FlowError
 from .harness import ScanHarness
 from .pll import ecp5_pll
 
@@ -148,12 +148,8 @@ def build_board(config, board="ulx3s-85f", *, clock_mhz=CLOCK_MHZ, build_dir=Non
                        do_program=False,
                        nextpnr_opts="--router router2 --timing-allow-fail",
                        synth_opts="-abc9",
-                       # Not KEEP_APART (which fpga/flow.py applies to the Verilog): on the
-                       # RTLIL of this build, since the requantizers of 42917d9, Yosys 0.70's
-                       # ABC9 stops on an internal assertion (rtlil.cc:3091, in
-                       # abc9_ops -reintegrate) when the copies are kept; without it the
-                       # copies may merge back, which costs timing, not function.
-                       script_after_read="proc")
+                       # proc first, so that the flip-flops KEEP_APART names exist.
+                       script_after_read=f"proc\n{KEEP_APART}")
     except Exception as error:   # Amaranth reports a failed tool as a CalledProcessError
         raise FlowError(f"board build failed ({error}); see {build_dir}/{name}.tim and "
                         f"{name}.rpt") from None
