@@ -320,8 +320,9 @@ def run(config, options=None, *, workdir=None, log=print):
         raise TypeError(f"config must be an NPUConfig, not {config!r}")
     if options.device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {options.device!r}")
-    if options.pnr_minutes is not None and not (
-            isinstance(options.pnr_minutes, (int, float)) and options.pnr_minutes > 0):
+    minutes = options.pnr_minutes
+    if minutes is not None and not (isinstance(minutes, (int, float))
+                                    and not isinstance(minutes, bool) and minutes > 0):
         raise ValueError(f"pnr_minutes must be a positive number of minutes or None, not "
                          f"{options.pnr_minutes!r}")
     workdir = Path(workdir) if workdir else build_dir(config, options.device, options.mac,

@@ -156,10 +156,8 @@ def write_report(npu_configs, array_configs, options=None, out="docs/fpga.md", *
         raise ValueError("npu_configs and array_configs must not both be empty")
     runs = plan(npu_configs, array_configs, seeds)
     reports, failures = _run_all(runs, options, jobs, reuse, log)
-    lost = [each for each in runs
-            if not any(other.config.name == each.config.name and other.top == each.top
-                       and other.key in reports for other in runs)]
-    if lost:
+    made = {(name, top) for name, top, _ in reports}
+    if any((each.config.name, each.top) not in made for each in runs):
         raise FlowError(f"{len(failures)} of {len(runs)} runs failed: " + "; ".join(
             sorted(f"{name} {top} seed {seed}: {message}"
                    for (name, top, seed), message in failures.items())))

@@ -107,6 +107,24 @@ class RowRequantizer(wiring.Component):
         raise NotImplementedError
 
     @staticmethod
+    def _lane_registers(m, lane):
+        """The registers a lane's stages are made of: ``stage(value, shape, name)`` is
+        ``value`` registered in ``<name>_<lane>`` (no reset: only values in flight), and
+        ``delayed(value, shape, name, stages)`` passes ``value`` through one such register
+        per stage number (``<name>_<number>_<lane>``)."""
+        def stage(value, shape, name):
+            registered = Signal(shape, name=f"{name}_{lane}", reset_less=True)
+            m.d.sync += registered.eq(value)
+            return registered
+
+        def delayed(value, shape, name, stages):
+            for number in stages:
+                value = stage(value, shape, f"{name}_{number}")
+            return value
+
+        return stage, delayed
+
+    @staticmethod
     def _partial_product(m, a, b, shape, name, on_dsp):
         """``a * b`` (signed operands of up to 18 bits; give an unsigned one a zero bit on
         top) three cycles after ``a`` and ``b``: their registers, the product's, and a copy
@@ -190,20 +208,11 @@ class Requantizer(RowRequantizer):
 
     def _lane(self, m, lane, on_dsp):
         """The stages of one lane; returns the clamped value, to register as the result."""
-        def stage(value, shape, name):
-            registered = Signal(shape, name=f"{name}_{lane}", reset_less=True)
-            m.d.sync += registered.eq(value)
-            return registered
-
+        stage, delayed = self._lane_registers(m, lane)
         acc = self._acc_in[lane]
         params = self._params[lane]
         multiplier = params["multiplier"]
         shift = params["shift"]
-
-        def delayed(value, shape, name, stages):
-            for number in stages:
-                value = stage(value, shape, f"{name}_{number}")
-            return value
 
         # 1: the left shift, and whether it saturates. The product fits 32 bits when the
         # bits shifted past the sign (bits 31 - left and up) are all sign bits: when acc

@@ -113,11 +113,7 @@ class FloatRequantizer(RowRequantizer):
 
     def _lane(self, m, lane, on_dsp):
         """The stages of one lane; returns the clamped value, to register as the result."""
-        def stage(value, shape, name):
-            registered = Signal(shape, name=f"{name}_{lane}", reset_less=True)
-            m.d.sync += registered.eq(value)
-            return registered
-
+        stage, delayed = self._lane_registers(m, lane)
         params = self._params[lane]
         zero_point, act_min, act_max = (params[name] for name in ("zero_point", "act_min",
                                                                   "act_max"))
@@ -125,7 +121,7 @@ class FloatRequantizer(RowRequantizer):
         # and a negative product (y + zero_point > act_max: |y| > act_max - zero_point, or
         # |y| < zero_point - act_max), from the lane's copies of the parameters; they are
         # static while rows are in flight, so a register costs nothing but a cycle after
-        # LOAD_QUANT (stage 7 reads them, long after the copies' setup).
+        # LOAD_QUANT (stage 10 reads them, long after the copies' setup).
         # The lower bounds also less one, for a round-up (|y| < bound is integer < bound - 1).
         bounds = {name: stage(value, signed(10), f"bound_{name}") for name, value in [
             ("above_positive", act_max - zero_point),
@@ -134,11 +130,6 @@ class FloatRequantizer(RowRequantizer):
             ("above_negative", zero_point - act_min),
             ("below_negative", zero_point - act_max),
             ("below_negative_up", zero_point - act_max - 1)]}
-
-        def delayed(value, shape, name, stages):
-            for number in stages:
-                value = stage(value, shape, f"{name}_{number}")
-            return value
 
         acc = self._acc_in[lane]
         scale = params["scale"]

@@ -75,11 +75,10 @@ class Decoder(wiring.Component):
     instruction queue (:data:`~hw.config.FETCH_DEPTH` entries).
 
     Operand checks come in the order the ISA documents them: lengths, local range, DRAM
-    range. A fetched word is registered on its way in, then takes two cycles to the
-    queue: the first forms the block's
-    ``rows x stride`` as two partial products (multipliers with registered outputs) beside
-    ``base = addr + row_bytes - stride`` and the other checks; the second sums the DRAM end
-    and checks its range. The queue reads through a register (its front entry, ``next``,
+    range. A fetched word is registered on its way in, then takes two cycles to the queue:
+    the first forms the block's ``rows x stride`` as two partial products (multipliers with
+    registered outputs) beside ``base = addr + row_bytes - stride`` and the other checks;
+    the second sums the DRAM end and checks its range. The queue reads through a register (its front entry, ``next``,
     from flip-flops), so an entry is at its front two cycles after it is written. The
     queue's head then waits in a register (``decoded``, in slices, see
     :data:`HEAD_SLICES`) until the issue stage takes it, so no path from the queue's memory
@@ -278,8 +277,8 @@ class Decoder(wiring.Component):
         # The queue reads through a register (SyncFIFOBuffered): its front entry, which the
         # issue stage compares with its units a cycle ahead (``next``), comes from
         # flip-flops, not from the distributed RAM's read (whose routes into the hazard
-        # flags were the NPU's longest path). An entry is there a cycle after its write
-        # later than with a plain read.
+        # flags were the NPU's longest path). An entry reaches the front a cycle later than
+        # with a plain read.
         queue = fifo.SyncFIFOBuffered(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH)
         m.submodules.queue = ResetInserter(flush)(queue)
         entry = Signal(Decoded)
