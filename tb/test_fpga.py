@@ -9,6 +9,7 @@ over seeds, the page's rows) and the board's PLL settings are checked without an
 """
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,7 +23,7 @@ from amaranth.lib.memory import Memory
 
 import fpga.report
 from fpga.__main__ import main as fpga_main
-from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll
+from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll, board_plan
 from fpga.flow import (ECP5Target, FlowError, FlowOptions, _run_tool, build_dir,
                        run)
 from fpga.pll import PLLSetting, ecp5_pll
@@ -338,7 +339,7 @@ def test_ecp5_pll_at_most_below_every_output():
 
 
 @pytest.mark.parametrize("clock_mhz, divisors, made_mhz", [
-    (CLOCK_MHZ, (1, 2, 12, 5), 50.0),
+    (CLOCK_MHZ, (5, 13, 9, 4), 65.0),
     (44.9, (4, 7, 14, 7), 43.75),
 ])
 def test_board_pll_instance(clock_mhz, divisors, made_mhz):
@@ -357,6 +358,19 @@ def test_board_pll_instance(clock_mhz, divisors, made_mhz):
     # Amaranth keeps the constraint until the build; no public way to read it before.
     assert [(signal.name, hz) for signal, hz in platform._clocks.items()] == [
         ("clk", made_mhz * 1e6)]
+
+
+def test_board_build_reads_verilog_without_assertions():
+    """The board build's Yosys reads the design as Verilog, not Amaranth's RTLIL (on which
+    Yosys 0.70 stops in ABC's reintegration since 42917d9), with every assertion and its
+    message under ``ifndef SYNTHESIS`` as in the out-of-context flow."""
+    platform = BOARDS["ulx3s-85f"]()
+    plan = board_plan(platform, NPUConfig.from_name("2x2"), board_pll(platform))
+    script = plan.files["npu.ys"]
+    assert "read_verilog npu.v" in script and "read_rtlil" not in script
+    verilog = plan.files["npu.v"]
+    assert "`ifndef SYNTHESIS" in verilog
+    assert not re.search(r"^\s*assert \(", verilog, re.MULTILINE)
 
 
 def test_build_dir_names_the_top_and_a_seed_other_than_1():
