@@ -29,7 +29,7 @@ class HostInterface(wiring.Component):
         The slave port.
     ctrl : In(HostLinkSignature())
         To the controller: ``start`` and ``soft_reset`` are one-cycle pulses in the cycle
-        after the write of ``CONTROL`` is taken (its response comes a cycle after them);
+        after the write of ``CONTROL`` is taken (its response comes two cycles after them);
         ``prog_addr`` and ``prog_len`` the program registers (a write while busy changes them
         for the next start only: the controller latched them at start); the status, counters
         and performance counters come back.
@@ -52,25 +52,30 @@ class HostInterface(wiring.Component):
         ctrl = self.ctrl
 
         # Writes: take address and data together, answer, then accept the next.
-        # CONTROL's pulses come from flip-flops, in the cycle after the write is taken (the
-        # start fans out to the controller's run state and counters across the die), and the
-        # response a cycle after them: once the master has it, the write has taken effect
-        # (a start has made the NPU busy and lowered irq).
+        # CONTROL's pulses come from flip-flops, in the cycle after the write is taken, and
+        # the controller registers them once more (the host sits by the bus port, the
+        # controller's run state across the die); the response comes two cycles after the
+        # pulses: once the master has it, the write has taken effect (a start has made the NPU
+        # busy and lowered irq). So a write is taken at most every four cycles, and a
+        # program register's write at least three cycles before the start after it.
         write_taken = Signal()
+        write_held = Signal()
         write_ack = Signal()
         start = Signal()
         soft_reset = Signal()
-        m.d.sync += [start.eq(0), soft_reset.eq(0), write_taken.eq(0)]
+        m.d.sync += [start.eq(0), soft_reset.eq(0), write_taken.eq(0),
+                     write_held.eq(write_taken)]
         m.d.comb += [ctrl.start.eq(start), ctrl.soft_reset.eq(soft_reset)]
+        idle = ~write_taken & ~write_held & ~write_ack
         m.d.comb += [
-            bus.awready.eq(bus.awvalid & bus.wvalid & ~write_taken & ~write_ack),
-            bus.wready.eq(bus.awvalid & bus.wvalid & ~write_taken & ~write_ack),
+            bus.awready.eq(bus.awvalid & bus.wvalid & idle),
+            bus.wready.eq(bus.awvalid & bus.wvalid & idle),
             bus.bvalid.eq(write_ack),
             bus.bresp.eq(Resp.OKAY),
         ]
         with m.If(bus.bvalid & bus.bready):
             m.d.sync += write_ack.eq(0)
-        with m.If(write_taken):
+        with m.If(write_held):
             m.d.sync += write_ack.eq(1)
         with m.If(bus.awready):
             m.d.sync += write_taken.eq(1)

@@ -55,12 +55,19 @@ def set_head(ctx, dut, word, *, valid=1, **fields):
 
 
 async def start(ctx, dut, prog_addr=PROG_ADDR, prog_len=PROG_LEN):
-    ctx.set(dut.host.prog_addr, prog_addr)
-    ctx.set(dut.host.prog_len, prog_len)
+    """The host's start, as soon as :class:`hw.host.Host` can pulse it: the program
+    registers written (if they change) three cycles before it. Returns ``fetch.begin`` in the
+    cycle after the pulse (the run's first), after that cycle's edge."""
+    if (ctx.get(dut.host.prog_addr), ctx.get(dut.host.prog_len)) != (prog_addr, prog_len):
+        ctx.set(dut.host.prog_addr, prog_addr)
+        ctx.set(dut.host.prog_len, prog_len)
+        await ctx.tick().repeat(3)
     ctx.set(dut.host.start, 1)
-    begin = ctx.get(dut.fetch.begin)
+    assert ctx.get(dut.fetch.begin) == 0
     await ctx.tick()
     ctx.set(dut.host.start, 0)
+    begin = ctx.get(dut.fetch.begin)
+    await ctx.tick()
     return begin
 
 
@@ -105,6 +112,27 @@ def test_start_checks(prog_addr, prog_len, runs):
             assert (ctx.get(dut.host.error_pc), ctx.get(dut.host.pc)) == (0, 0)
             await ctx.tick()
     simulate(body)
+
+
+@pytest.mark.parametrize("wait", [0, 1, 2])
+def test_program_registers_changed_with_a_start(wait):
+    """Program registers that change in the cycle of a start (the host's change three cycles
+    before at the soonest) stop the simulation: the stage's check of its copies would not
+    hold them yet. A cycle before is enough."""
+    async def body(ctx, dut):
+        ctx.set(dut.host.prog_len, 5)
+        for _ in range(wait):
+            await ctx.tick()
+        ctx.set(dut.host.start, 1)
+        await ctx.tick()
+        ctx.set(dut.host.start, 0)
+        await ctx.tick()
+        assert (ctx.get(dut.host.busy), ctx.get(dut.fetch.prog_len)) == (1, 5)
+    if wait == 0:
+        with pytest.raises(AssertionError, match="changed in the cycle of a start"):
+            simulate(body)
+    else:
+        simulate(body)
 
 
 def test_program_registers_latched_at_start():
@@ -310,15 +338,16 @@ def test_counters_and_refetch():
 
 
 def test_start_while_busy():
-    """A start while running: the head of that cycle still issues, the next one does not;
-    START_BUSY at its pc once idle; the program registers keep their values."""
+    """A start while running: the heads of its cycle and the next (in which the stage sees
+    it) still issue, the one after does not; START_BUSY at its pc once idle; the program
+    registers keep their values."""
     async def body(ctx, dut):
         await start(ctx, dut, 0x200, 50)
         await issue_preloads(ctx, dut, 3)
         set_head(ctx, dut, preload(0))
         ctx.set(dut.host.prog_addr, 0x800)
         assert await start(ctx, dut, 0x800, 50) == 0                # no fetch.begin
-        assert (ctx.get(dut.host.pc), ctx.get(dut.decoded.ready)) == (4, 0)
+        assert (ctx.get(dut.host.pc), ctx.get(dut.decoded.ready)) == (5, 0)
         assert ctx.get(dut.fetch.enable) == 1
         await ctx.tick()
         assert ctx.get(dut.fetch.enable) == 0                       # stopping
@@ -326,7 +355,7 @@ def test_start_while_busy():
         await ctx.tick()
         assert (ctx.get(dut.host.busy), ctx.get(dut.host.error)) == (0, 1)
         assert ctx.get(dut.host.error_code) == ErrorCode.START_BUSY.value
-        assert ctx.get(dut.host.error_pc) == 4
+        assert ctx.get(dut.host.error_pc) == 5
         assert ctx.get(dut.fetch.prog_addr) == 0x200
     simulate(body)
 

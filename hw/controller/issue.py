@@ -29,8 +29,8 @@ class IssueStage(wiring.Component):
     Errors are precise: the first failing instruction in program order wins, and the program
     stops with its code and index once every unit is idle.
 
-    On ``start`` (ignored while a soft reset is pending) the program registers are checked
-    and latched: a host write to them while busy takes effect at the next start. A soft reset
+    A cycle after ``start`` (ignored while a soft reset is pending, so also in the write that
+    asks for one) the program registers are checked and latched: a host write to them while busy takes effect at the next start. A soft reset
     (``host.soft_reset``) sets ``soft_reset_pending``, which stops the units from starting
     bus transactions; the NPU resets its core once the DMA is idle (:mod:`hw.top`).
 
@@ -90,8 +90,31 @@ class IssueStage(wiring.Component):
             host.busy.eq(running | halting),
             self.store.halt.eq(halting),
         ]
+        # The host's start pulse and program registers sit by its AXI4-Lite port, far from
+        # here (the host's start through the fetcher's first fetch was the NPU's longest
+        # path): the stage takes them through flip-flops of its own, so the run begins a cycle
+        # after the host's pulse, from local registers, and the program's check is made from
+        # the copies a cycle after them. The program registers do not change in the cycle of a
+        # start (HostLinkSignature), so both are current then (asserted).
+        start_seen = Signal()
+        prog_addr_seen = Signal(32)
+        prog_len_seen = Signal(32)
+        m.d.sync += [start_seen.eq(host.start), prog_addr_seen.eq(host.prog_addr),
+                     prog_len_seen.eq(host.prog_len)]
+
+        def bad_program(addr, length):
+            return (addr[:4] != 0) | (length == 0) | (addr + length * INSTR_BYTES > (1 << 32))
+        program_bad = Signal()
+        m.d.sync += program_bad.eq(bad_program(prog_addr_seen, prog_len_seen))
+        m.d.sync += Assert(~start_seen | ((prog_addr_seen == host.prog_addr) &
+                                          (prog_len_seen == host.prog_len) &
+                                          (program_bad ==
+                                           bad_program(prog_addr_seen, prog_len_seen))),
+                           "issue stage: a program register changed in the cycle of a start")
         start = Signal()
-        m.d.comb += start.eq(host.start & ~halting)
+        m.d.comb += start.eq(start_seen & ~halting)
+        with m.If(start_seen):
+            m.d.comb += host.busy.eq(1)
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
         start_while_busy = Signal()
@@ -272,9 +295,9 @@ class IssueStage(wiring.Component):
             self.fetch.enable.eq(running & ~stopping &
                                  ~(self.decoded.valid & kind.end)),
             self.fetch.halt.eq(halting),
-            # In the cycle of begin, the host's registers as they are latched.
-            self.fetch.prog_addr.eq(Mux(self.fetch.begin, host.prog_addr, prog_addr)),
-            self.fetch.prog_len.eq(Mux(self.fetch.begin, host.prog_len, prog_len)),
+            # In the cycle of begin, the copies of the host's registers as they are latched.
+            self.fetch.prog_addr.eq(Mux(self.fetch.begin, prog_addr_seen, prog_addr)),
+            self.fetch.prog_len.eq(Mux(self.fetch.begin, prog_len_seen, prog_len)),
             self.fetch.pc.eq(host.pc),
             self.fetch.store_issued.eq(self.store.cmd.valid),
             self.fetch.store_lo.eq(head.lo),
@@ -324,13 +347,12 @@ class IssueStage(wiring.Component):
         with m.If(~running & start):
             m.d.sync += [
                 host.done.eq(0), host.error.eq(0), host.error_code.eq(0),
-                host.error_pc.eq(0), host.pc.eq(0), at_prog_end.eq(host.prog_len == 0),
+                host.error_pc.eq(0), host.pc.eq(0), at_prog_end.eq(prog_len_seen == 0),
                 cycles.eq(1),
                 stopping.eq(0), perf.eq(0),
-                prog_addr.eq(host.prog_addr), prog_len.eq(host.prog_len),
+                prog_addr.eq(prog_addr_seen), prog_len.eq(prog_len_seen),
             ]
-            with m.If((host.prog_addr[:4] != 0) | (host.prog_len == 0) |
-                      (host.prog_addr + host.prog_len * INSTR_BYTES > (1 << 32))):
+            with m.If(program_bad):
                 m.d.sync += [host.error.eq(1), host.error_code.eq(ErrorCode.PROGRAM)]
             with m.Else():
                 m.d.sync += running.eq(1)

@@ -27,8 +27,10 @@ def HostLinkSignature():
     """The link between the host registers and the controller, as the controller sees it.
 
     ``start`` and ``soft_reset`` are one-cycle pulses. ``prog_addr`` and ``prog_len`` are
-    the registers as the host wrote them; the controller latches them at ``start``.
-    ``busy`` is high from ``start`` to done or error, and while a soft reset is pending.
+    the registers as the host wrote them, unchanged since at least the cycle before a
+    ``start`` (the host's writes end three before); the controller latches them a cycle after
+    ``start``. ``busy`` is high from the cycle after
+    ``start`` to done or error, and while a soft reset is pending.
     """
     return wiring.Signature({
         "start":      In(1),
