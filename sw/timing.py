@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from hw.accumulator import WRITE_LATENCY
 from hw.bram import READ_LATENCY as SRAM_READ_LATENCY
 from hw.config import FETCH_BURST, FETCH_HIGH_WATER, FETCH_LOW_WATER
-from hw.dma import MAX_READS_OUTSTANDING, READ_COMMAND_CYCLES
+from hw.dma import MAX_READS_OUTSTANDING
 from hw.isa import INSTR_BYTES, Opcode
 from sim import dram as simulated_dram
 
@@ -83,16 +83,15 @@ def _read_rows(grant, command, bus, read_latency):
     """The cycles in which the rows of a read command granted in cycle ``grant`` leave the
     DMA reader, and its beats.
 
-    The reader registers the command (:data:`~hw.dma.READ_COMMAND_CYCLES`), then sends a
-    burst's address a cycle (the first in ``grant + 1 + READ_COMMAND_CYCLES``), while fewer than
+    The reader sends a burst's address a cycle (the first in ``grant + 1``), while fewer than
     :data:`~hw.dma.MAX_READS_OUTSTANDING` bursts wait for data: a burst's slot frees in the
     cycle after its last beat. A burst's first beat comes ``read_latency - 1`` cycles after
     its address, or right after the burst before it ends; a row leaves in the cycle after its
     last beat. Bursts are cut as the DMA cuts them, at 4 KiB and at 256 beats.
     """
     addr, rows, row_bytes, stride = command
-    address = grant + READ_COMMAND_CYCLES    # the cycle of the last address sent
-    beat = address + read_latency - 1        # the cycle of the last beat
+    address = grant                          # the cycle of the last address sent
+    beat = grant + read_latency - 1          # the cycle of the last beat
     ends = deque()                           # last-beat cycles of the bursts outstanding
     times = []
     beats = 0

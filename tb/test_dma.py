@@ -12,7 +12,7 @@ from amaranth.sim import Simulator
 
 from hw.axi import Resp
 from hw.config import BUS_WIDTHS
-from hw.dma import DMA, MAX_READS_OUTSTANDING, READ_COMMAND_CYCLES
+from hw.dma import DMA, MAX_READS_OUTSTANDING
 from sim.amaranth_sim import AXI4MemoryModel, run_simulation
 
 
@@ -151,33 +151,6 @@ def test_read_blocks(width, stalls):
 
     run_simulation(dut, testbench, processes=[model.process])
     assert len(model.read_bursts) > sum(rows for _, rows, _, _ in blocks)
-
-
-def test_read_command_registered():
-    """A read command taken at an edge is in the reader's register for READ_COMMAND_CYCLES
-    cycles, in which the DMA is not idle (a soft reset waits for it), then its first address
-    goes out."""
-    width = 64
-    dut = DMA(data_width=width, read_row_bytes=ROW_BYTES[width], write_row_bytes=8)
-    model = AXI4MemoryModel(dut.bus, data_width=width, seed=1, **MODEL_TIMING["full_rate"])
-
-    async def testbench(ctx):
-        assert ctx.get(dut.idle) == 1
-        _set_command(ctx, dut.read_cmd, 0x1008, 2, 12, 16)
-        await _handshake(ctx, dut.read_cmd)
-        for _ in range(READ_COMMAND_CYCLES):
-            assert (ctx.get(dut.idle), ctx.get(dut.read_cmd.ready),
-                    ctx.get(dut.bus.arvalid)) == (0, 0, 0)
-            await ctx.tick()
-        assert (ctx.get(dut.bus.arvalid), ctx.get(dut.bus.araddr)) == (1, 0x1008)
-        for _ in range(TIMEOUT):
-            _, _, done = await ctx.tick().sample(dut.read_done)
-            if done:
-                break
-        await ctx.tick()
-        assert ctx.get(dut.idle) == 1
-
-    run_simulation(dut, testbench, processes=[model.process])
 
 
 @pytest.mark.parametrize("width", WIDTHS)

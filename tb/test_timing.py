@@ -127,8 +127,8 @@ def test_model_takes_the_dram_latencies():
     # more (END's wait for the store) since the DMA writer takes every row into its buffer
     # before it loads it: the first row of a STORE starts a cycle later, and two more
     # (stall_fetch) since the decoder registers its input and the queue reads through a
-    # register, and one more (stall_fetch) since the DMA reader registers its command.
-    assert (base.cycles, base.perf["stall_fetch"], base.perf["stall_store"]) == (28, 13, 12)
+    # register.
+    assert (base.cycles, base.perf["stall_fetch"], base.perf["stall_store"]) == (27, 12, 12)
     for extra in (1, 5):
         slow_read = predict(config, words, 0x40, read_latency=READ_LATENCY + extra)
         assert slow_read.perf == dict(base.perf, cycles=base.cycles + extra,

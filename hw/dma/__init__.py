@@ -2,11 +2,10 @@
 (:class:`DMAWriter`) on one AXI4 master, and the block command and burst geometry they share
 (:mod:`.bursts`)."""
 
-from .bursts import MAX_READS_OUTSTANDING, READ_COMMAND_CYCLES, BlockCommand
+from .bursts import MAX_READS_OUTSTANDING, BlockCommand
 from .dma import DMA
 from .reader import DMAReader
 from .writer import DMAWriter
 
 
-__all__ = ["BlockCommand", "DMA", "DMAReader", "DMAWriter", "MAX_READS_OUTSTANDING",
-           "READ_COMMAND_CYCLES"]
+__all__ = ["BlockCommand", "DMA", "DMAReader", "DMAWriter", "MAX_READS_OUTSTANDING"]

@@ -22,12 +22,6 @@ __all__ = ["BlockCommand", "MAX_READS_OUTSTANDING", "ceil_div", "row_geometry", 
 #: sim/hdl/npu_axi_dram.v), so that DRAM never holds an address back.
 MAX_READS_OUTSTANDING = 8
 
-#: Cycles from a read command's acceptance to the reader's start on it (its first address a
-#: cycle later): the reader registers each command before it decodes it, so that neither
-#: the arbitration that chose the command nor the first row's geometry shares a cycle with
-#: the route between the controller and the DMA. ``sw/timing.py`` follows it.
-READ_COMMAND_CYCLES = 1
-
 
 class BlockCommand(data.Struct):
     """A 2-D strided block: row ``r`` is ``row_bytes`` bytes at ``addr + r * stride``."""

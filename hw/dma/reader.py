@@ -5,8 +5,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axi import AXI4ReadSignature, Burst, Resp
-from .bursts import (MAX_READS_OUTSTANDING, READ_COMMAND_CYCLES, BlockCommand, ceil_div,
-                     geometry_for)
+from .bursts import MAX_READS_OUTSTANDING, BlockCommand, ceil_div, geometry_for
 
 
 __all__ = ["DMAReader"]
@@ -15,9 +14,7 @@ __all__ = ["DMAReader"]
 class DMAReader(wiring.Component):
     """Reads blocks (:class:`~hw.dma.bursts.BlockCommand`) into rows of ``row_bytes``.
 
-    A command is registered as it is taken and started a cycle later
-    (:data:`~hw.dma.bursts.READ_COMMAND_CYCLES`). It walks a block's rows and bursts on the
-    address channel ahead of the data, at most
+    It walks a block's rows and bursts on the address channel ahead of the data, at most
     :data:`~hw.dma.bursts.MAX_READS_OUTSTANDING` bursts outstanding, and puts each beat
     into place in the row as it arrives; bytes past ``row_bytes`` read as zero. ``rlast``
     is checked against each burst's ``arlen``; see :class:`~hw.dma.DMA` for what a broken
@@ -32,7 +29,7 @@ class DMAReader(wiring.Component):
     done, error : Out(1)
         As ``read_done`` and ``read_error`` of :class:`~hw.dma.DMA`.
     idle : Out(1)
-        No command waits or runs and no burst is outstanding.
+        No command runs and no burst is outstanding.
     """
     def __init__(self, *, data_width, row_bytes, addr_width=32, geometry=None):
         self.data_width = data_width
@@ -97,19 +94,13 @@ class DMAReader(wiring.Component):
         emit = Signal()
         emit_last = Signal(reset_less=True)
 
-        # The command taken, registered with no enable (its valid flag says when it is one),
-        # and started in the next cycle.
-        assert READ_COMMAND_CYCLES == 1
-        cmd = Signal(BlockCommand, name="command", reset_less=True)
-        cmd_valid = Signal(name="command_valid")
-        m.d.comb += [self.idle.eq(~cmd_valid & ~ar_active & ~r_active & ~emit),
-                     self.cmd.ready.eq(self.idle)]
-        m.d.sync += [cmd.eq(self.cmd.payload), cmd_valid.eq(self.cmd.valid & self.cmd.ready)]
+        m.d.comb += [self.idle.eq(~ar_active & ~r_active & ~emit), self.cmd.ready.eq(self.idle)]
 
-        m.d.sync += Assert(~cmd_valid | (cmd.row_bytes <= self.row_bytes),
+        cmd = self.cmd.payload
+        m.d.sync += Assert(~self.cmd.valid | (cmd.row_bytes <= self.row_bytes),
                            "a DMA read command with rows wider than the reader's")
         first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
-        with m.If(cmd_valid):
+        with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [
                 ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
