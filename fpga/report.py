@@ -550,11 +550,15 @@ there; with the rest on LUTs it needs 106% of the 25F's 24,288 LUT4 before packi
 `make fpga-board BOARD=ulx3s-85f CONFIG=8x8 [CLOCK_MHZ=F]` builds a bitstream for the ULX3S
 (LFE5U-85F, CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's
 own Trellis build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and
-`npu.tim`, the nextpnr log with its timing). It is the same harnessed NPU with the same
+`npu.tim`, the nextpnr log with its timing), whose Yosys reads the design as Verilog
+(`npu.v`, Amaranth's, with the assertions left out of synthesis as in the out-of-context
+flow) rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal assertion
+since `42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
 MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
 oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 50 MHz, below the whole 8x8 NPU's Fmax on both seeds of `7dc5d4a`; the board's own place and route
-reports its Fmax at the end of this page), with the divisors Project Trellis' `ecppll` would
+`fpga/board.py`, 65 MHz, below the whole 8x8 NPU's Fmax out of context on `4cbdffa`, 70.70
+MHz; the board's own place and route reports its Fmax at the end of this page when a build
+has finished), with the divisors Project Trellis' `ecppll` would
 choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
 design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
 `led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs for a real part
