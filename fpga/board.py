@@ -24,7 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import (ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module,
+                          ResetSignal, Signal)
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth_boards.ulx3s import (ULX3S_25F_Platform, ULX3S_45F_Platform,
                                    ULX3S_85F_Platform)
@@ -121,7 +122,15 @@ class BoardTop(Elaboratable):
             i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
             i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
         platform.add_clock_constraint(sync.clk, pll.output_mhz * 1e6)
-        m.submodules.reset_sync = ResetSynchronizer(~locked, domain="sync")
+        # The reset, released on the clock once the PLL has locked, reaches every flip-flop
+        # with one: it goes onto a global network through a DCCA, as in the out-of-context
+        # harness (nextpnr promotes only clocks by itself; routed in the fabric, the reset
+        # left the board's router with several times the flow's overused wires).
+        m.domains.reset_sync = ClockDomain("reset_sync", local=True)
+        m.d.comb += ClockSignal("reset_sync").eq(sync.clk)
+        m.submodules.reset_sync = ResetSynchronizer(~locked, domain="reset_sync")
+        m.submodules.reset_buffer = Instance("DCCA", i_CLKI=ResetSignal("reset_sync"),
+                                             i_CE=Const(1), o_CLKO=sync.rst)
         m.submodules.harness = harness = ScanHarness(NPU(self.config), own_clock=False)
         scan_in = platform.request("switch", 0)
         scan_capture = platform.request("switch", 1)

@@ -351,6 +351,8 @@ def test_board_pll_instance(clock_mhz, divisors, made_mhz):
     assert pll.output_mhz == made_mhz
     module = BoardTop(NPUConfig.from_name("2x2"), pll).elaborate(platform)
     instance = module.submodules.pll
+    # The reset goes onto a global network, as in the out-of-context harness.
+    assert module.submodules.reset_buffer.type == "DCCA"
     assert tuple(instance.parameters[name] for name in (
         "CLKI_DIV", "CLKFB_DIV", "CLKOP_DIV", "CLKOP_CPHASE", "CLKOP_FPHASE")) == (*divisors, 0)
     assert (instance.attrs["FREQUENCY_PIN_CLKI"], instance.attrs["FREQUENCY_PIN_CLKOP"]) == (
