@@ -30,9 +30,10 @@ class IssueStage(wiring.Component):
     stops with its code and index once every unit is idle.
 
     A cycle after ``start`` (ignored while a soft reset is pending, so also in the write that
-    asks for one) the program registers are checked and latched: a host write to them while busy takes effect at the next start. A soft reset
-    (``host.soft_reset``) sets ``soft_reset_pending``, which stops the units from starting
-    bus transactions; the NPU resets its core once the DMA is idle (:mod:`hw.top`).
+    asks for one) the program registers are checked and latched: a host write to them while
+    busy takes effect at the next start. A soft reset (``host.soft_reset``) sets
+    ``soft_reset_pending``, which stops the units from starting bus transactions; the NPU
+    resets its core once the DMA is idle (:mod:`hw.top`).
 
     Attributes
     ----------
