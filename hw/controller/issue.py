@@ -86,11 +86,6 @@ class IssueStage(wiring.Component):
         halting = Signal()           # a soft reset is pending (the core reset clears it)
         with m.If(host.soft_reset):
             m.d.sync += halting.eq(1)
-        m.d.comb += [
-            self.soft_reset_pending.eq(halting),
-            host.busy.eq(running | halting),
-            self.store.halt.eq(halting),
-        ]
         # The host's start pulse and program registers sit by its AXI4-Lite port, far from
         # here (the host's start through the fetcher's first fetch was the NPU's longest
         # path): the stage takes them through flip-flops of its own, so the run begins a cycle
@@ -113,9 +108,12 @@ class IssueStage(wiring.Component):
                                            bad_program(prog_addr_seen, prog_len_seen))),
                            "issue stage: a program register changed in the cycle of a start")
         start = Signal()
-        m.d.comb += start.eq(start_seen & ~halting)
-        with m.If(start_seen):
-            m.d.comb += host.busy.eq(1)
+        m.d.comb += [
+            start.eq(start_seen & ~halting),
+            self.soft_reset_pending.eq(halting),
+            host.busy.eq(running | halting | start_seen),
+            self.store.halt.eq(halting),
+        ]
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
         start_while_busy = Signal()
