@@ -61,9 +61,9 @@ class AccumulatorMemory(wiring.Component):
     missed, are forwarded: back-to-back accumulations into one row see each other. A K that
     exceeds R is thus reduced on chip, one K-tile after another.
 
-    The forwarding selects are compared a cycle ahead, one-hot and one copy per lane, so
-    the cycle of the add holds a four-way AND-OR and a 32-bit add after the block RAM's
-    output register, nothing more.
+    The forwarding selects are compared a cycle ahead, one-hot, one copy per byte of a
+    lane, so the cycle of the add holds a four-way AND-OR and a 32-bit add after the block
+    RAM's output register, nothing more.
 
     Attributes
     ----------
@@ -114,15 +114,21 @@ class AccumulatorMemory(wiring.Component):
                     adds & ~from_S & ~from_H1 & ~from_H2)
         m.d.sync += S.eq(s2)
         for lane in range(self.cols):
-            # One copy of the picks per lane (each drives 4 x 32 inputs, not 4 x 32 x cols):
-            # equal by design, and kept apart in synthesis by their name (fpga/flow.py).
-            pick = Signal(4, name=f"forward_lane_{lane}")
-            m.d.sync += pick.eq(picks)
+            # One copy of the picks per byte of a lane (each drives 4 x 8 inputs, not
+            # 4 x 32 x cols; one per lane, with routes of 6.9 ns to the lane's 128, was a
+            # group of the 8x8's failing paths): equal by design, and kept apart in
+            # synthesis by their name (fpga/flow.py).
             rows = (dS[lane], dH1[lane], dH2[lane], memory.old.data[lane])
-            base = 0
-            for i, value in enumerate(rows):
-                base = base | (value.as_unsigned() & pick[i].replicate(32))
-            m.d.sync += dS[lane].eq(d2[lane] + base.as_signed())
+            pieces = []
+            for quarter in range(4):
+                pick = Signal(4, name=f"forward_lane_{lane}_{quarter}")
+                m.d.sync += pick.eq(picks)
+                piece = 0
+                for i, value in enumerate(rows):
+                    piece = piece | (value.as_unsigned()[8 * quarter:8 * quarter + 8] &
+                                     pick[i].replicate(8))
+                pieces.append(piece)
+            m.d.sync += dS[lane].eq(d2[lane] + Cat(*pieces).as_signed())
         m.d.comb += [
             memory.write.addr.eq(S.addr),
             memory.write.data.eq(dS),

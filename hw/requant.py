@@ -168,7 +168,8 @@ class Requantizer(RowRequantizer):
     7. ``h = (x * M + 2**30) >> 31``: that is the truncating division of the nudged product
        for either sign (for a negative one, ``trunc(n / d) = floor((n + d - 1) / d)`` turns
        the nudge ``1 - 2**30`` into ``2**30``); ``INT32_MAX`` when both are ``INT32_MIN``;
-    8. the rounding right shift and its round-up decision;
+    8. the rounding right shift and its round-up decision (from the remainder's top bit and
+       the bits below it, selected by masks made from the shift in stage 7);
     9. the round-up and the zero point added (one carry chain);
     10. the clamp.
 
@@ -276,14 +277,19 @@ class Requantizer(RowRequantizer):
         high_7 = stage(Mux(overflow_6, INT32_MAX, nudged[15:47].as_signed()), signed(32),
                        "high_7")
         right_7 = stage(right_6, unsigned(5), "right_7")
-        mask_7 = stage(mask_6, unsigned(31), "mask_7")
+        # The remainder's top bit (bit right - 1; none for a shift of 0) and the bits below.
+        top_7 = stage(mask_6 ^ (mask_6 >> 1), unsigned(31), "top_7")
+        below_7 = stage(mask_6 >> 1, unsigned(30), "below_7")
 
-        # 8: rounding right shift; round up when the remainder is above the threshold.
+        # 8: rounding right shift; round up when the remainder (high & mask) is above the
+        # threshold (mask >> 1) + (high < 0), that is: when its top bit is set and, for a
+        # negative high, a bit below it too. Two AND-OR trees, no carry chain (the sum and
+        # comparison of a 31-bit remainder were the 8x8's largest group of failing paths).
         negative = high_7 < 0
-        remainder = (high_7.as_unsigned() & mask_7)[:31]
-        threshold = (mask_7 >> 1) + negative
+        top_set = (high_7[:31] & top_7).any()
+        below_set = (high_7[:30] & below_7).any()
         shifted_8 = stage(high_7 >> right_7, signed(32), "shifted_8")
-        round_up_8 = stage(remainder > threshold, 1, "round_up_8")
+        round_up_8 = stage(top_set & (~negative | below_set), 1, "round_up_8")
 
         # 9: shifted + zero point + round-up, as one adder with the round-up as carry in:
         # (2a + c) + (2b + c) = 2 (a + b + c).

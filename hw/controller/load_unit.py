@@ -65,18 +65,22 @@ class LoadUnit(wiring.Component):
         busy = Signal()
         sent = Signal()              # the DMA command went out
         check = Signal()             # LOAD_QUANT: check the staged state in this cycle
-        local = Signal(16)
-        spad = Signal(RowRange)
-        rows = Signal(16)
-        row_bytes = Signal(16)
-        addr = Signal(32)
-        stride = Signal(32)
-        pc = Signal(32)
-        count = Signal(17)
-        zero_point = Signal(signed(15))
-        mode = Signal(QuantMode)
-        act_min = Signal(signed(8))
-        act_max = Signal(signed(8))
+        # The operands have no reset: while the unit is idle (as after a reset) they follow
+        # the head in every cycle, and nothing reads them until it is busy. The core reset
+        # (ResetInserter in the controller) then drives only the unit's state flags, not
+        # some 250 flip-flops by routes of 5.6 ns (a group of the 8x8's failing paths).
+        local = Signal(16, reset_less=True)
+        spad = Signal(RowRange, reset_less=True)
+        rows = Signal(16, reset_less=True)
+        row_bytes = Signal(16, reset_less=True)
+        addr = Signal(32, reset_less=True)
+        stride = Signal(32, reset_less=True)
+        pc = Signal(32, reset_less=True)
+        count = Signal(17, reset_less=True)
+        zero_point = Signal(signed(15), reset_less=True)
+        mode = Signal(QuantMode, reset_less=True)
+        act_min = Signal(signed(8), reset_less=True)
+        act_max = Signal(signed(8), reset_less=True)
         lanes32 = data.ArrayLayout(signed(32), cols)
         # (No reset on the staged rows: a check reads them only after both have come.)
         staged_multipliers = Signal(lanes32, reset_less=True)
@@ -84,9 +88,9 @@ class LoadUnit(wiring.Component):
 
         # The opcode, decoded as the registers follow the head: the kinds the issue stage
         # asks about, and what each row arriving does.
-        op_spad = Signal()
-        op_acc = Signal()
-        op_quant = Signal()
+        op_spad = Signal(reset_less=True)
+        op_acc = Signal(reset_less=True)
+        op_quant = Signal(reset_less=True)
         m.d.comb += [
             status.busy.eq(busy),
             status.to_spad.eq(busy & op_spad),

@@ -79,9 +79,9 @@ class DMAReader(wiring.Component):
         stride = Signal(32, reset_less=True)
         # The row as it is assembled: each beat goes into place as it arrives (rotated by
         # the row's offset into two neighbouring words of the row), masked with the bytes
-        # of the command's rows; bytes no beat covers stay zero, as the row is cleared while
-        # the reader is idle (not at the command, whose acceptance would then enable every
-        # one of these flip-flops). The row leaves from these flip-flops: no shifter and no
+        # of the command's rows; bytes no beat covers stay zero, as the row is cleared after
+        # the reader has been idle (not at the command, whose acceptance would then enable
+        # every one of these flip-flops). The row leaves from these flip-flops: no shifter and no
         # comparison after them.
         row_words = ceil_div(self.row_bytes, bus_bytes)
         row = Signal(data.ArrayLayout(8, row_words * bus_bytes), reset_less=True)
@@ -91,6 +91,15 @@ class DMAReader(wiring.Component):
         byte_mask = Signal(self.row_bytes, reset_less=True)
         # One-hot: the beat of the row that arrives next.
         beat_is = Signal(read_words, reset_less=True)
+        # The data side's start, a cycle after the command: the command's handshake (late in
+        # its cycle: the fetcher's grant) enables only these few flip-flops by the command's
+        # source, and the next cycle loads the data side's registers from them (the offset's
+        # copies lie by their byte lanes: the handshake's route to them was the 8x8's longest
+        # path). The first beat comes at least a cycle after the first address, which is
+        # offered in the cycle after the command: the data side is not read before then.
+        r_start = Signal()
+        r_start_offset = Signal(range(bus_bytes), reset_less=True)
+        r_start_rows = Signal(16, reset_less=True)
         emit = Signal()
         emit_last = Signal(reset_less=True)
 
@@ -104,11 +113,16 @@ class DMAReader(wiring.Component):
             m.d.sync += [
                 ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
-                r_active.eq(1), r_rows_left.eq(cmd.rows),
-                *[r_offset.eq(cmd.addr[:lg]) for r_offset in r_offsets],
-                r_error.eq(0), r_abort.eq(0), r_burst_beat.eq(0),
+                r_active.eq(1), r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
+                r_error.eq(0), r_abort.eq(0),
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
-                beat_is.eq(1),
+            ]
+        m.d.sync += r_start.eq(self.cmd.valid & self.cmd.ready)
+        with m.If(r_start):
+            m.d.sync += [
+                r_rows_left.eq(r_start_rows),
+                *[r_offset.eq(r_start_offset) for r_offset in r_offsets],
+                r_burst_beat.eq(0), beat_is.eq(1),
             ]
 
         # The arlen of every burst asked for and not yet received, oldest first, and whether
@@ -157,6 +171,8 @@ class DMAReader(wiring.Component):
         # Framing: each beat against the head of read_lengths. A burst ends at its rlast or
         # at its last beat asked, whichever comes first, so a broken slave is drained too.
         r_fire = bus.rvalid & bus.rready
+        m.d.sync += Assert(~r_start | ~(r_fire & lengths.r_rdy),
+                           "the DMA reader took a beat in the cycle of its data side's start")
         asked_last = Signal()
         m.d.comb += asked_last.eq(r_burst_beat == head_len)
         burst_end = r_fire & lengths.r_rdy & (bus.rlast | asked_last)
@@ -195,8 +211,16 @@ class DMAReader(wiring.Component):
         m.d.sync += emit.eq(0)
         for byte in range(self.row_bytes):
             m.d.sync += byte_mask[byte].eq(byte < row_bytes)
-        with m.If(self.idle):
-            m.d.sync += row.eq(0)
+        # The clear is a cycle late, from copies of ``idle`` registered once per word of the
+        # row (``clear_word_<w>``, kept apart on the FPGA): ``idle``'s logic and one route to
+        # every byte of the row were a group of the 8x8's failing paths. A command taken in a
+        # cycle the reader is idle is cleared for at the end of the next, before its first
+        # beat; no row is emitted while ``idle``.
+        for word in range(row_words):
+            clear = Signal(name=f"clear_word_{word}")
+            m.d.sync += clear.eq(self.idle)
+            with m.If(clear):
+                m.d.sync += [row[word * bus_bytes + lane].eq(0) for lane in range(bus_bytes)]
         with m.If(r_fire & lengths.r_rdy & ~r_abort):
             for beat in range(read_words):
                 for lane in range(bus_bytes):
