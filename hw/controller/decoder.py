@@ -28,6 +28,15 @@ KIND_OPCODES = {
 }
 
 
+class _CheckFlags(data.Struct):
+    """The outcomes of a decoded instruction's checks in stage 1, each set only under the
+    opcodes it applies to; stage 2 makes the error code of the first in this order."""
+    illegal:    1
+    bad_length: 1
+    spad_range: 1
+    acc_range:  1
+
+
 class Kind(data.Struct):
     """An instruction's opcode decoded before the queue (one flag of :data:`KIND_OPCODES`
     at most), and ``faulty``: its fetch failed or its check did not pass. The issue stage's
@@ -77,10 +86,11 @@ class Decoder(wiring.Component):
     Operand checks come in the order the ISA documents them: lengths, local range, DRAM
     range. A fetched word is registered on its way in, then takes two cycles to the queue:
     the first forms the block's ``rows x stride`` as two partial products (multipliers with
-    registered outputs) beside ``base = addr + row_bytes - stride`` and the other checks;
-    the second sums the DRAM end and checks its range. The queue reads through a register (its front entry, ``next``,
-    from flip-flops), so an entry is at its front two cycles after it is written. The
-    queue's head then waits in a register (``decoded``, in slices, see
+    registered outputs) beside ``base = addr + row_bytes - stride`` and the other checks
+    (a flag per outcome); the second sums the DRAM end, checks its range and makes the
+    error code of the first check that fails. The queue reads through a register (its
+    front entry, ``next``, from flip-flops), so an entry is at its front two cycles after
+    it is written. The queue's head then waits in a register (``decoded``, in slices, see
     :data:`HEAD_SLICES`) until the issue stage takes it, so no path from the queue's memory
     reaches the issue stage's logic.
 
@@ -164,14 +174,17 @@ class Decoder(wiring.Component):
                 m.d.comb += [lo.eq(quant.dram_addr),
                              base.eq(end + quant.dram_stride),
                              limit.eq(((1 << 32) - quant.dram_stride) - end)]
-        check = Signal(8)            # every check but the DRAM range's
+        # Every check but the DRAM range's, as one flag per outcome (each under its opcodes;
+        # at most one outcome per instruction is chosen in stage 2, in the ISA's order): the
+        # comparisons of this stage go into flip-flops with the opcode's choice, not through
+        # the choice of an error code (a priority of 8-bit codes after the comparators'
+        # carry chains was the 4x4's longest path).
+        flags = Signal(_CheckFlags)
 
-        def checks(bad_length, local_range=None, range_code=None, dram_block=False):
-            with m.If(bad_length):
-                m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
+        def checks(bad_length, local_range=None, range_flag=None, dram_block=False):
+            m.d.comb += flags.bad_length.eq(bad_length)
             if local_range is not None:
-                with m.Elif(local_range):
-                    m.d.comb += check.eq(range_code)
+                m.d.comb += range_flag.eq(local_range)
             if dram_block:
                 m.d.comb += dram.eq(1)
 
@@ -183,35 +196,32 @@ class Decoder(wiring.Component):
                 pass
             with m.Case(Opcode.LOAD_SPAD):
                 checks(bad_block(load, config.spad_row_bytes),
-                       load.local_addr + load.rows > config.spad_depth, ErrorCode.SPAD_RANGE,
+                       load.local_addr + load.rows > config.spad_depth, flags.spad_range,
                        dram_block=True)
             with m.Case(Opcode.LOAD_ACC):
                 checks(bad_block(load, config.acc_row_bytes),
-                       load.local_addr + load.rows > config.acc_depth, ErrorCode.ACC_RANGE,
+                       load.local_addr + load.rows > config.acc_depth, flags.acc_range,
                        dram_block=True)
             with m.Case(Opcode.PRELOAD):
-                checks(0, preload.spad_addr + rows > config.spad_depth, ErrorCode.SPAD_RANGE)
+                checks(0, preload.spad_addr + rows > config.spad_depth, flags.spad_range)
             with m.Case(Opcode.MATMUL):
-                with m.If((matmul.rows == 0) | (matmul.k_width > rows) |
-                          (matmul.n_width > cols)):
-                    m.d.comb += check.eq(ErrorCode.BAD_LENGTH)
-                with m.Elif(matmul.spad_addr + matmul.rows > config.spad_depth):
-                    m.d.comb += check.eq(ErrorCode.SPAD_RANGE)
-                with m.Elif(matmul.acc_addr + matmul.rows > config.acc_depth):
-                    m.d.comb += check.eq(ErrorCode.ACC_RANGE)
+                checks((matmul.rows == 0) | (matmul.k_width > rows) | (matmul.n_width > cols),
+                       matmul.spad_addr + matmul.rows > config.spad_depth, flags.spad_range)
+                m.d.comb += flags.acc_range.eq(matmul.acc_addr + matmul.rows >
+                                               config.acc_depth)
             with m.Case(Opcode.STORE):
                 checks(bad_block(store, config.acc_row_bytes) | (store.row_bytes[:2] != 0),
-                       store.acc_addr + store.rows > config.acc_depth, ErrorCode.ACC_RANGE,
+                       store.acc_addr + store.rows > config.acc_depth, flags.acc_range,
                        dram_block=True)
             with m.Case(Opcode.STORE_Q):
                 checks(bad_block(store, cols),
-                       store.acc_addr + store.rows > config.acc_depth, ErrorCode.ACC_RANGE,
+                       store.acc_addr + store.rows > config.acc_depth, flags.acc_range,
                        dram_block=True)
             with m.Case(Opcode.LOAD_QUANT):
                 checks((quant.row_bytes == 0) | (quant.row_bytes[:2] != 0) |
                        (quant.row_bytes > config.acc_row_bytes), dram_block=True)
             with m.Default():
-                m.d.comb += check.eq(ErrorCode.ILLEGAL_OPCODE)
+                m.d.comb += flags.illegal.eq(1)
 
         # rows x stride of a block, as two 16 x 16 partial products (rows x the stride's low
         # and high halves) straight into registers: on ECP5 each is a MULT18X18D fed from the
@@ -238,7 +248,7 @@ class Decoder(wiring.Component):
             "valid": 1, "instr": Instruction, "bus_error": 1, "multiplied": 1,
             "base": signed(35), "limit": signed(36), "lo": 32, "spad": RowRange,
             "acc": RowRange, "dram": 1,
-            "check": 8}))
+            "flags": _CheckFlags}))
         m.d.sync += [
             stage.valid.eq(word_valid),
             stage.instr.eq(fetched),
@@ -253,7 +263,7 @@ class Decoder(wiring.Component):
             stage.spad.eq(spad),
             stage.acc.eq(acc),
             stage.dram.eq(dram),
-            stage.check.eq(check),
+            stage.flags.eq(flags),
         ]
         with m.If(flush):
             m.d.sync += stage.valid.eq(0)
@@ -289,11 +299,20 @@ class Decoder(wiring.Component):
             entry.acc.eq(stage.acc),
             entry.hi.eq(hi_sum[:33]),
             entry.bus_error.eq(stage.bus_error),
-            entry.check.eq(stage.check),
             queue.w_data.eq(entry),
             queue.w_en.eq(stage.valid),
         ]
-        with m.If((stage.check == 0) & stage.dram & over_limit):
+        # The checks' outcome, in the ISA's order; the DRAM range's last (its comparison
+        # ends the stage's carry chain).
+        with m.If(stage.flags.illegal):
+            m.d.comb += entry.check.eq(ErrorCode.ILLEGAL_OPCODE)
+        with m.Elif(stage.flags.bad_length):
+            m.d.comb += entry.check.eq(ErrorCode.BAD_LENGTH)
+        with m.Elif(stage.flags.spad_range):
+            m.d.comb += entry.check.eq(ErrorCode.SPAD_RANGE)
+        with m.Elif(stage.flags.acc_range):
+            m.d.comb += entry.check.eq(ErrorCode.ACC_RANGE)
+        with m.Elif(stage.dram & over_limit):
             m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
         for name, opcodes in KIND_OPCODES.items():
             m.d.comb += entry.kind[name].eq(Cat(*[stage.instr.opcode == op
