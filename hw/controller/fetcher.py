@@ -176,14 +176,17 @@ class Fetcher(wiring.Component):
             load.done.eq(loading & reader.done),
             load.error.eq(reader.error),
         ]
-        # Fetched words go out from a register; a failed fetch leaves an error entry.
+        # Fetched words go out from a register; a failed fetch leaves an error entry. The
+        # word's register takes the reader's row in every cycle (no enable: the row's valid
+        # flag, from the reader's error flag across the die, reached all its flip-flops);
+        # it is read only with ``valid``.
         fetching = reader_busy & ~reader_is_load
-        m.d.sync += [words.word.valid.eq(word_in), words.word.payload.bus_error.eq(0)]
+        m.d.sync += [words.word.valid.eq(word_in), words.word.payload.bus_error.eq(0),
+                     words.word.payload.instr.eq(reader.row.payload)]
         with m.If(fetching & reader.row.valid):
             m.d.comb += word_in.eq(1)
             m.d.comb += fetch_left_next.eq(fetch_left - 1)
-            m.d.sync += [fetch_addr.eq(fetch_addr + INSTR_BYTES),
-                         words.word.payload.instr.eq(reader.row.payload)]
+            m.d.sync += fetch_addr.eq(fetch_addr + INSTR_BYTES)
         with m.If(fetching & reader.done & reader.error):
             m.d.comb += word_in.eq(1)
             m.d.sync += [fetch_stop.eq(1), words.word.payload.bus_error.eq(1)]

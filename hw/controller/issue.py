@@ -283,8 +283,9 @@ class IssueStage(wiring.Component):
             with m.Else():
                 m.d.sync += [host.pc.eq(host.pc + 1), at_prog_end.eq(host.pc + 1 == prog_len)]
         with m.If(stream_.busy):
-            m.d.sync += [perf.array_rows.eq(perf.array_rows + 1),
-                         perf.useful_macs.eq(perf.useful_macs + stream_.macs)]
+            m.d.sync += perf.array_rows.eq(perf.array_rows + 1)
+        # A row's MACs come a cycle after it (0 in a cycle after none).
+        m.d.sync += perf.useful_macs.eq(perf.useful_macs + stream_.macs)
 
         m.d.comb += [
             self.fetch.begin.eq(~running & start),

@@ -33,7 +33,7 @@ class StreamStatus(data.Struct):
     busy:      1    #: reading an activation row in this cycle
     free:      1    #: a MATMUL issued now streams right behind (idle, or on its last row)
     spad:      RowRange   #: the scratchpad rows it reads
-    macs:      32   #: useful MACs of each row it reads (k_width x n_width)
+    macs:      32   #: useful MACs (k_width x n_width) of the row read a cycle before, or 0
     full:      1    #: every writeback slot holds a MATMUL
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
@@ -94,6 +94,12 @@ class Streamer(wiring.Component):
         read_addr = Signal.like(self.spad.addr)
         last = Signal()
         rows_after = Signal(16)
+        # The MATMUL's widths, registered at its issue; the useful MACs of a row are their
+        # product, registered in the cycle it is read (``macs``, for the perf counter, a
+        # cycle after the row): the multiplier is not at the end of the head's operands
+        # and the widths' defaults (that path was the 4x4's longest).
+        k_used = Signal(range(rows + 1))
+        n_used = Signal(range(cols + 1))
         macs = Signal(32)
         read = Signal()              # a row was read in the cycle before: here in the next
         read_commit = Signal()
@@ -196,9 +202,10 @@ class Streamer(wiring.Component):
             m.d.sync += [
                 spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo + 1),
                 last.eq(matmul.rows == 1), rows_after.eq(matmul.rows - 1),
-                macs.eq(Mux(matmul.k_width == 0, rows, matmul.k_width) *
-                        Mux(matmul.n_width == 0, cols, matmul.n_width)),
+                k_used.eq(Mux(matmul.k_width == 0, rows, matmul.k_width)),
+                n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
+        m.d.sync += macs.eq(Mux(busy, k_used * n_used, 0))
         m.d.comb += [
             self.act.valid.eq(arrive),
             self.act.payload.lanes.eq(self.spad.data[:8 * rows]),
