@@ -160,6 +160,38 @@ def sources(netlist):
     return names
 
 
+_MADE_UP = re.compile(r"TRELLIS|LUT4|CCU2C|PFUMX|L6MUX|MULT18|DP16KD|\$")
+
+
+def registers(netlist):
+    """``instance -> register`` for the flip-flop cells of a Yosys JSON netlist: the name
+    of the RTL signal its output is a bit of (the shortest net name on that bit that Yosys
+    did not make up), without the design's prefix: ``dma.reader.ar_rows_left``."""
+    top = netlist["modules"]["top"]
+    names = {}
+    for name, net in top["netnames"].items():
+        if _MADE_UP.search(name):
+            continue
+        for bit in net["bits"]:
+            if isinstance(bit, int) and (bit not in names or len(name) < len(names[bit])):
+                names[bit] = name
+    found = {}
+    for instance, cell in top["cells"].items():
+        q = cell.get("connections", {}).get("Q")
+        if cell["type"] == "TRELLIS_FF" and q and q[0] in names:
+            found[instance] = re.sub(r"^design\.(controller\.)?", "", names[q[0]])
+    return found
+
+
+def into(members, regs, count=3):
+    """The registers most of a group's endpoints are in, most first: ``[(name, n)]``; a
+    trailing lane or copy number counts as ``*`` (``requant.round_up_8_*``), and a
+    flip-flop whose output kept no RTL name (Yosys made up every name on it: a cell name
+    then tells more of ABC than of the design) is ``unnamed``."""
+    return collections.Counter(re.sub(r"_\d+$", "_*", regs.get(e.pin[0], "unnamed"))
+                               for e in members).most_common(count)
+
+
 def group(endpoints, names):
     """Failing endpoints by ``(start source, end source)``, the group with the worst slack
     first; each group's endpoints worst first."""
@@ -181,13 +213,17 @@ def main(argv=None):
                         help="clock period in ns (default 8.0: 125 MHz)")
     parser.add_argument("--top", type=int, default=30, help="groups to list (default 30)")
     parser.add_argument("--paths", action="store_true", help="each group's worst path")
+    parser.add_argument("--registers", action="store_true",
+                        help="the registers each group's endpoints are in")
     args = parser.parse_args(argv)
     for name in ("npu.sdf", "npu.json"):
         if not (args.build / name).exists():
             parser.error(f"{args.build / name} not found: run the flow there first")
     graph = read_sdf((args.build / "npu.sdf").read_text())
     endpoints = analyze(graph, args.period)
-    names = sources(json.loads((args.build / "npu.json").read_text()))
+    netlist = json.loads((args.build / "npu.json").read_text())
+    names = sources(netlist)
+    regs = registers(netlist) if args.registers else {}
     failing = [endpoint for endpoint in endpoints if endpoint.slack < 0]
     worst = endpoints[0] if endpoints else None
     print(f"{args.build}: {len(failing)} of {len(endpoints)} endpoints miss {args.period} ns"
@@ -198,6 +234,9 @@ def main(argv=None):
         longest = max((ns for kind, ns, _ in path.steps if kind == "route"), default=0.0)
         print(f"{len(members):6d}  {path.slack:6.2f} ns  {start} -> {end}  (logic "
               f"{path.logic:.1f}, routing {path.routing:.1f}, longest route {longest:.1f})")
+        if args.registers:
+            print("          into " + ", ".join(f"{name} ({n})"
+                                                for name, n in into(members, regs)))
         if args.paths:
             for kind, ns, (instance, pin) in path.steps:
                 print(f"          {kind:5s} {ns:5.2f}  {instance}/{pin}")

@@ -578,6 +578,37 @@ def test_sta_finds_every_endpoints_worst_path():
     assert [kind for kind, _, _ in worst_b.steps] == ["route", "logic", "route"]
 
 
+def test_sta_names_the_registers_of_endpoints():
+    """``fpga.sta --registers``: a flip-flop is named by the RTL signal its output is a bit of
+    (the shortest net name on that bit that Yosys did not make up), lanes counted together;
+    one whose output kept no such name is ``unnamed``, not named after ABC's cell."""
+    from fpga.sta import Endpoint, into, registers
+    netlist = {"modules": {"top": {
+        "netnames": {
+            "design.controller.store_unit.requant.round_up_8_0": {"bits": [5]},
+            "design.controller.store_unit.requant.round_up_8_1": {"bits": [6]},
+            "design.controller.store_unit.requant.round_up_8_1_TRELLIS_FF_Q_DI": {"bits": [6]},
+            "design.dma.reader.ar_rows_left": {"bits": [7, 8]},
+            "design.dma.reader.ar_rows_left_LUT4_Z_A": {"bits": [7]},
+            "design.x$12_LUT4_D_Z_TRELLIS_FF_DI_Q": {"bits": [9]},
+        },
+        "cells": {
+            "ff_a": {"type": "TRELLIS_FF", "connections": {"Q": [5]}},
+            "ff_b": {"type": "TRELLIS_FF", "connections": {"Q": [6]}},
+            "ff_c": {"type": "TRELLIS_FF", "connections": {"Q": [8]}},
+            "ff_d": {"type": "TRELLIS_FF", "connections": {"Q": [9]}},
+            "lut": {"type": "LUT4", "connections": {"Z": [7]}},
+        }}}}
+    regs = registers(netlist)
+    assert regs == {"ff_a": "store_unit.requant.round_up_8_0",
+                    "ff_b": "store_unit.requant.round_up_8_1",
+                    "ff_c": "dma.reader.ar_rows_left"}
+    members = [Endpoint((name, "DI"), -1.0, 9.0, ("q", "Q"), [])
+               for name in ("ff_a", "ff_b", "ff_c", "ff_d")]
+    assert into(members, regs) == [("store_unit.requant.round_up_8_*", 2),
+                                   ("dma.reader.ar_rows_left", 1), ("unnamed", 1)]
+
+
 class _PlainAndFPGADecoders(Elaboratable):
     """The plain decoder and its MULT18X18D form side by side, fed one fetched word per
     cycle from a ROM (valid, instruction), the issue stage always ready; ``mismatch``
