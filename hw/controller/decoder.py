@@ -284,12 +284,12 @@ class Decoder(wiring.Component):
         hi_sum = sum_of_three("hi_sum", low, high, stage.base)
         over_sum = sum_of_three("over_sum", low, high, ~stage.limit)
         over_limit = ~over_sum[49]           # product - limit - 1 >= 0
-        # The queue reads through a register (SyncFIFOBuffered): its front entry, which the
-        # issue stage compares with its units a cycle ahead (``next``), comes from
-        # flip-flops, not from the distributed RAM's read (whose routes into the hazard
-        # flags were the NPU's longest path). An entry reaches the front a cycle later than
-        # with a plain read.
-        queue = fifo.SyncFIFOBuffered(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH)
+        # The queue reads through a register (as a SyncFIFOBuffered does: its memory holds
+        # all entries but the front one): its front entry, which the issue stage compares
+        # with its units a cycle ahead (``next``), comes from flip-flops, not from the
+        # distributed RAM's read (whose routes into the hazard flags were the NPU's longest
+        # path). An entry reaches the front a cycle later than with a plain read.
+        queue = fifo.SyncFIFO(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH - 1)
         m.submodules.queue = ResetInserter(flush)(queue)
         entry = Signal(Decoded)
         m.d.comb += [
@@ -319,26 +319,37 @@ class Decoder(wiring.Component):
                                                   for op in opcodes]).any())
         m.d.comb += entry.kind.faulty.eq(stage.bus_error | (entry.check != 0))
 
-        # The queue's head waits in a register until the issue stage takes it. The register
-        # is loaded in slices (HEAD_SLICES), each under its own copy of the valid flag: the
-        # issue decision (``decoded.ready``, late in its cycle) reaches one enable per slice,
-        # not the enables of all the head's flip-flops (one net to 268 of them was the NPU's
-        # longest path). Every copy holds the same value (asserted).
+        # The queue's head waits in a register until the issue stage takes it. The head and
+        # the front register before it are loaded in slices (HEAD_SLICES), each under its
+        # own copies of their valid flags: the issue decision (``decoded.ready``, late in
+        # its cycle) reaches two enables per slice, not the enables of all the head's and
+        # the front's flip-flops (one net to the head's 268 was the NPU's longest path, one
+        # to the front's, inside a SyncFIFOBuffered, a group of 268 failing endpoints).
+        # Every copy of a flag holds the same value (asserted).
         head, ready = self.decoded.payload, self.decoded.ready
-        head_entry = Signal(Decoded)
-        m.d.comb += [head_entry.eq(queue.r_data), self.next.entry.eq(head_entry)]
+        front = Signal(Decoded)
+        stored = Decoded(queue.r_data)
+        m.d.comb += self.next.entry.eq(front)
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
-        for copy, fields in zip(copies, HEAD_SLICES):
+        front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
+        for copy, front_copy, fields in zip(copies, front_copies, HEAD_SLICES):
+            take = front_copy & (~copy | ready)        # the head takes the front entry
             with m.If(ready):
                 m.d.sync += copy.eq(0)
-            with m.If(queue.r_rdy & (~copy | ready)):
-                m.d.sync += copy.eq(1)
-                m.d.sync += [head[field].eq(head_entry[field]) for field in fields]
+            with m.If(take):
+                m.d.sync += [copy.eq(1), front_copy.eq(0)]
+                m.d.sync += [head[field].eq(front[field]) for field in fields]
+            with m.If(queue.r_rdy & (~front_copy | take)):
+                m.d.sync += front_copy.eq(1)
+                m.d.sync += [front[field].eq(stored[field]) for field in fields]
             with m.If(flush):
-                m.d.sync += copy.eq(0)
-        with m.If(queue.r_rdy & (~copies[0] | ready)):
-            m.d.comb += [queue.r_en.eq(1), words.taken.eq(1), self.next.load.eq(1)]
+                m.d.sync += [copy.eq(0), front_copy.eq(0)]
+        taken = front_copies[0] & (~copies[0] | ready)
+        m.d.comb += queue.r_en.eq(~front_copies[0] | taken)
+        with m.If(taken):
+            m.d.comb += [words.taken.eq(1), self.next.load.eq(1)]
         m.d.comb += self.decoded.valid.eq(copies[0])
-        m.d.sync += Assert(Cat(*copies).all() | ~Cat(*copies).any(),
-                           "decoder: the head's valid copies differ")
+        for name, flags in (("head", copies), ("front", front_copies)):
+            m.d.sync += Assert(Cat(*flags).all() | ~Cat(*flags).any(),
+                               f"decoder: the {name}'s valid copies differ")
         return m
