@@ -81,8 +81,8 @@ class DMAReader(wiring.Component):
         # the row's offset into two neighbouring words of the row), masked with the bytes
         # of the command's rows; bytes no beat covers stay zero, as the row is cleared after
         # the reader has been idle (not at the command, whose acceptance would then enable
-        # every one of these flip-flops). The row leaves from these flip-flops: no shifter and no
-        # comparison after them.
+        # every one of these flip-flops). The row leaves from these flip-flops: no shifter
+        # and no comparison after them.
         row_words = ceil_div(self.row_bytes, bus_bytes)
         row = Signal(data.ArrayLayout(8, row_words * bus_bytes), reset_less=True)
         # The bytes of the command's rows, from its registered row_bytes in the cycle after
@@ -113,7 +113,8 @@ class DMAReader(wiring.Component):
             m.d.sync += [
                 ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
-                r_active.eq(1), r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
+                r_active.eq(1),
+                r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
                 r_error.eq(0), r_abort.eq(0),
                 row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
             ]
@@ -213,9 +214,9 @@ class DMAReader(wiring.Component):
             m.d.sync += byte_mask[byte].eq(byte < row_bytes)
         # The clear is a cycle late, from copies of ``idle`` registered once per word of the
         # row (``clear_word_<w>``, kept apart on the FPGA): ``idle``'s logic and one route to
-        # every byte of the row were a group of the 8x8's failing paths. A command taken in a
-        # cycle the reader is idle is cleared for at the end of the next, before its first
-        # beat; no row is emitted while ``idle``.
+        # every byte of the row were a group of the 8x8's failing paths. For a command taken
+        # in a cycle the reader is idle, the row is cleared at the end of the next cycle,
+        # before its first beat can come; no row is emitted while ``idle``.
         for word in range(row_words):
             clear = Signal(name=f"clear_word_{word}")
             m.d.sync += clear.eq(self.idle)
