@@ -480,8 +480,9 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   and `python -m fpga.sta <build folder> --period NS` times the whole routed design from
   it (worst delays, the one clock), traces each failing endpoint's worst path back to its
   register, and groups the endpoints by the Python lines (`src`) of the path's start and
-  end registers, worst group first. Its worst path is nextpnr's critical path to the
-  picosecond on the runs checked (14.69 ns on `6d8b26b`, seed 1).
+  end registers, worst group first; `--registers` names the registers each group ends in
+  (from the net names Yosys kept on the flip-flops' outputs). Its worst path is nextpnr's
+  critical path to the picosecond on the runs checked (14.69 ns on `6d8b26b`, seed 1).
 
 * **I/O: an on-chip scan harness** (`fpga/harness.py`), not hundreds of pins and not an
   out-of-context netlist. Every NPU input bit comes from a flip-flop of a shift register fed
@@ -577,7 +578,7 @@ make fpga-report FPGA_CONFIGS=4x4,8x8,10x10 FPGA_ARRAY_CONFIGS=4x4,8x8,12x12,16x
 .venv/bin/python -m fpga report --reuse     # the page again, running only what is missing
 .venv/bin/python -m fpga run --config 8x8 --top array        # the array alone
 .venv/bin/python -m fpga run --config 8x8 --mac plain        # the plain PE
-.venv/bin/python -m fpga.sta build/fpga/8x8_LFE5U-85F_dsp --period 8 --paths
+.venv/bin/python -m fpga.sta build/fpga/8x8_LFE5U-85F_dsp --period 8 --paths --registers
                                             # every path over 8 ns, by RTL line
 make fpga-board BOARD=ulx3s-85f CONFIG=8x8  # a ULX3S bitstream (amaranth-boards)
 make fpga-board CONFIG=8x8 CLOCK_MHZ=45     # its PLL at 45 MHz, or the nearest below
