@@ -28,8 +28,9 @@ This is TFLite's ``MultiplyByQuantizedMultiplier`` with our sign convention for 
 a saturating left shift. The hardware (``hw/requant.py``) implements the same formula;
 ``docs/quantization.md`` states it for users.
 
-The float mode (:func:`requantize_float`, ``hw/requant_float.py``) is onnxruntime's CPU
-requantization instead (MLAS ``MlasRequantizeOutput``), with a float32 scale per channel::
+The float mode (:func:`requantize_float`; the same block, its own stages in
+``hw/requant_float.py``) is onnxruntime's CPU requantization instead (MLAS
+``MlasRequantizeOutput``), with a float32 scale per channel::
 
     f = float32(acc)                          (round to nearest even)
     f = float32(f * scale)                    (round to nearest even)

@@ -31,7 +31,6 @@ from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, 
                          write_report)
 from hw.config import NPUConfig
 from hw.requant import Requantizer
-from hw.requant_float import FloatRequantizer
 from hw.systolic import SystolicArray
 
 
@@ -185,8 +184,8 @@ def test_mult18x18d_form_matches_plain_array(rows, cols, seed, tmp_path):
 
 
 class _PlainAndFPGARequantizers(Elaboratable):
-    """The plain requantizer (``design``: :class:`Requantizer` or :class:`FloatRequantizer`)
-    and its MULT18X18D form side by side, fed one accumulator row per cycle from a ROM
+    """The plain requantizer (``design``: :class:`Requantizer`, or a broken one) and its
+    MULT18X18D form side by side, fed one accumulator row per cycle from a ROM
     (valid, lanes) with fixed parameters; ``mismatch`` latches the first cycle their outputs
     differ, ``results`` counts valid result rows."""
     def __init__(self, parameters, schedule, design=Requantizer):
@@ -271,11 +270,11 @@ def test_mult18x18d_form_of_the_float_requantizer_matches_plain(seed, tmp_path):
                        *(rng.uniform(-1, 1, 3) * 2.0 ** rng.integers(-30, 0, 3))], np.float32)
     zero_point = int(rng.integers(-128, 128))
     act_min = int(rng.integers(-128, 128))
-    parameters = {"scale": [int(bits) for bits in scales.view(np.uint32)],
+    parameters = {"mode": 1, "multiplier": [int(bits) for bits in scales.view(np.int32)],
                   "zero_point": zero_point, "act_min": act_min,
                   "act_max": int(rng.integers(act_min, 128))}
     edges = [0, 1, -1, 5, -7, int32_max, int32_min, (1 << 24) + 1, 12345678]
-    _check_pair(FloatRequantizer, parameters, edges, rng, tmp_path, seed)
+    _check_pair(Requantizer, parameters, edges, rng, tmp_path, seed)
 
 
 # ecppll's choices, each from a public file that used its output or from the YoWASP wheel's

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
+from hw.isa import QuantMode
 from hw.requant import INT32_MAX, INT32_MIN, Requantizer
 from sim.amaranth_sim import run_simulation
-from sw.quant import requantize
+from sw.quant import requantize, requantize_float
 
 
 def _run(cols, rows, multiplier, shift, zero_point, act_min, act_max):
@@ -94,3 +95,49 @@ def test_result_holds_until_the_next_row():
         assert not ctx.get(dut.result_valid)
 
     run_simulation(dut, testbench)
+
+
+def test_modes_alternate():
+    """One block in both modes, as the store unit uses it: fixed-point rows, then float
+    rows, then fixed-point rows again, each batch after a new state (held from
+    ``Requantizer.setup`` cycles before it), every row bit-exact."""
+    rng = np.random.default_rng(7)
+    cols = 4
+    dut = Requantizer(cols)
+    rows = (rng.integers(-(1 << 31), 1 << 31, size=(12, cols))
+            >> rng.integers(0, 32, size=(12, cols))).astype(np.int32)
+    multiplier = rng.integers(INT32_MIN, INT32_MAX, size=cols, endpoint=True).astype(np.int32)
+    shift = rng.integers(-31, 32, size=cols).astype(np.int32)
+    scale = (rng.uniform(0.5, 1.0, size=cols) * 2.0 ** rng.integers(-30, -10, size=cols)
+             * np.where(rng.random(cols) < 0.5, -1, 1)).astype(np.float32)
+    batches = [(QuantMode.FIXED, multiplier, shift, (3, -100, 100)),
+               (QuantMode.FLOAT, scale.view(np.int32), np.zeros(cols, np.int32), (-5, -128, 90)),
+               (QuantMode.FIXED, multiplier, -shift, (0, -128, 127))]
+    outputs = []
+
+    async def testbench(ctx):
+        for mode, row_0, row_1, (zero_point, act_min, act_max) in batches:
+            ctx.set(dut.mode, mode)
+            ctx.set(dut.multiplier, [int(v) for v in row_0])
+            ctx.set(dut.shift, [int(v) for v in row_1])
+            ctx.set(dut.zero_point, zero_point)
+            ctx.set(dut.act_min, act_min)
+            ctx.set(dut.act_max, act_max)
+            await ctx.tick().repeat(Requantizer.setup)
+            outputs.append([])
+            for cycle, row in enumerate(list(rows) + [None] * Requantizer.latency):
+                ctx.set(dut.valid, row is not None)
+                if row is not None:
+                    ctx.set(dut.acc, [int(v) for v in row])
+                await ctx.tick()
+                if ctx.get(dut.result_valid):
+                    outputs[-1].append([int(v) for v in ctx.get(dut.result)])
+
+    run_simulation(dut, testbench)
+    for (mode, row_0, row_1, clamp), got in zip(batches, outputs):
+        if mode == QuantMode.FIXED:
+            want = requantize(rows, row_0, row_1, *clamp)
+        else:
+            want = requantize_float(rows, row_0.view(np.float32), *clamp)
+        assert len(got) == len(rows) and np.array_equal(np.array(got, np.int8), want), (
+            mode, got, want)

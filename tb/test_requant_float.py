@@ -1,4 +1,4 @@
-"""FloatRequantizer: bit-exact against the numpy reference of the float mode
+"""The requantizer's float mode: bit-exact against the numpy reference of the float mode
 (``sw.quant.requantize_float``, itself checked against onnxruntime in ``tb/test_quant.py``)
 on the hard cases, on random values, and on a broken design that the tests must catch.
 
@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
+from hw.isa import QuantMode
 from hw.requant import Requantizer
-from hw.requant_float import FloatRequantizer
 from quant_cases import (FLOAT_EDGE_ACCS, FLOAT_EDGE_SCALES, double_rounded,
                          half_integer_products)
 from sim.amaranth_sim import run_simulation
@@ -24,7 +24,13 @@ BASE_SEED = int(os.environ.get("NPU_SEED", "17"))
 LANES = 8
 
 
-def _run(batches, design=FloatRequantizer):
+def _set_scales(ctx, dut, scale):
+    """Float mode, with ``scale`` (float32, one per lane) as the lanes' multipliers."""
+    ctx.set(dut.mode, QuantMode.FLOAT)
+    ctx.set(dut.multiplier, [int(bits) for bits in np.asarray(scale, np.float32).view(np.int32)])
+
+
+def _run(batches, design=Requantizer):
     """Push each batch ``(rows, scale, zero_point, act_min, act_max)`` (rows of ``LANES``
     INT32 values, ``LANES`` scales) through one block, the rows of a batch back to back; the
     parameters change only when the pipeline is empty. Returns the INT8 rows of every
@@ -35,7 +41,7 @@ def _run(batches, design=FloatRequantizer):
 
     async def testbench(ctx):
         for rows, scale, zero_point, act_min, act_max in batches:
-            ctx.set(dut.scale, [int(bits) for bits in scale.view(np.uint32)])
+            _set_scales(ctx, dut, scale)
             ctx.set(dut.zero_point, zero_point)
             ctx.set(dut.act_min, act_min)
             ctx.set(dut.act_max, act_max)
@@ -67,7 +73,7 @@ def _batches(accs, scales, clamps):
             for clamp in clamps for lane in range(0, len(scales), LANES)]
 
 
-def _check(batches, design=FloatRequantizer, context=""):
+def _check(batches, design=Requantizer, context=""):
     """Every batch's rows equal :func:`requantize_float`'s."""
     wrong = []
     for (rows, scale, *clamp), got in zip(batches, _run(batches, design)):
@@ -78,9 +84,10 @@ def _check(batches, design=FloatRequantizer, context=""):
     assert not wrong, f"{context} {len(wrong)} wrong, first " + "; ".join(wrong[:4])
 
 
-def test_latency_is_the_fixed_point_requantizers():
-    """The store unit waits Requantizer.latency cycles in both modes."""
-    assert FloatRequantizer.latency == Requantizer.latency == 11
+def test_latency():
+    """The store unit waits Requantizer.latency cycles in both modes (the rows of both
+    come out that late: ``_run`` checks each row's cycle)."""
+    assert Requantizer.latency == 11
 
 
 # Every edge accumulator times every edge scale (one scale per lane), for clamps and zero
@@ -150,20 +157,20 @@ def test_random(offset):
 
 def test_result_holds_until_the_next_row():
     """The store unit reads the result as long as the DMA writer makes it wait."""
-    dut = FloatRequantizer(2)
+    dut = Requantizer(2)
     scale = np.array([0.25, -0.25], dtype=np.float32)
 
     async def testbench(ctx):
-        ctx.set(dut.scale, [int(bits) for bits in scale.view(np.uint32)])
+        _set_scales(ctx, dut, scale)
         ctx.set(dut.act_min, -128)
         ctx.set(dut.act_max, 127)
-        await ctx.tick().repeat(FloatRequantizer.setup)
+        await ctx.tick().repeat(Requantizer.setup)
         ctx.set(dut.acc, [10, 10])
         ctx.set(dut.valid, 1)
         await ctx.tick()
         ctx.set(dut.valid, 0)
         ctx.set(dut.acc, [1 << 20, 1 << 20])
-        await ctx.tick().repeat(FloatRequantizer.latency + 20)
+        await ctx.tick().repeat(Requantizer.latency + 20)
         assert [int(v) for v in ctx.get(dut.result)] == [2, -2]      # 2.5 and -2.5 to even
         assert not ctx.get(dut.result_valid)
 
@@ -171,7 +178,7 @@ def test_result_holds_until_the_next_row():
 
 
 
-class RoundsHalfUp(FloatRequantizer):
+class RoundsHalfUp(Requantizer):
     """A broken design: the integer rounding takes ties away from zero (as gemmlowp does),
     not to even."""
     @staticmethod
@@ -179,7 +186,7 @@ class RoundsHalfUp(FloatRequantizer):
         return (float_up & middle_all) | twice[0]
 
 
-class DropsTheFloatCarry(FloatRequantizer):
+class DropsTheFloatCarry(Requantizer):
     """A broken design: the float32 rounding of the product never carries into the half
     bit, so a product just below a tie (or just below x.5 + 0.5) rounds as if it had not
     been rounded to 24 bits."""

@@ -1,7 +1,7 @@
 """The store unit: ``STORE`` and ``STORE_Q``, from the accumulator's read port through the
 requantizer to the DMA writer."""
 
-from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import ReadPort
@@ -9,9 +9,8 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..bram import READ_LATENCY
-from ..isa import ErrorCode, Opcode, QuantMode
+from ..isa import ErrorCode, Opcode
 from ..requant import Requantizer
-from ..requant_float import FloatRequantizer
 from .signatures import QuantState, RowRange, UnitSignature, WriterSignature
 
 
@@ -29,8 +28,8 @@ class StoreStatus(data.Struct):
 
 class StoreUnit(wiring.Component):
     """Writes accumulator rows to DRAM: as INT32 (``STORE``) or requantized to INT8
-    (``STORE_Q``, through :class:`~hw.requant.Requantizer` or, in float mode,
-    :class:`~hw.requant_float.FloatRequantizer`, with the state the last ``LOAD_QUANT`` set).
+    (``STORE_Q``, through :class:`~hw.requant.Requantizer` in the mode and with the state the
+    last ``LOAD_QUANT`` set).
 
     ``STORE`` moves one row at a time: read it, hand it to the DMA writer. The accumulator's
     read takes two cycles (:data:`hw.bram.READ_LATENCY`), so each row is read a cycle ahead:
@@ -39,7 +38,7 @@ class StoreUnit(wiring.Component):
 
     ``STORE_Q`` streams: a row is read in every cycle while fewer than
     :attr:`QUEUE_DEPTH` rows are between the read and the writer, each goes through the
-    requantizers (``Requantizer.latency`` cycles in either mode) into a queue, and the
+    requantizer (``Requantizer.latency`` cycles in either mode) into a queue, and the
     queue hands rows to the writer as it takes them. The queue is deep enough for every row
     of the round trip (:attr:`ROUND_TRIP` cycles from a read to the row at the writer), so
     rows follow each other in every cycle while the writer takes them: a ``STORE_Q`` of
@@ -84,7 +83,7 @@ class StoreUnit(wiring.Component):
         # The requantization state: until the first LOAD_QUANT, multipliers 0 and no clamp.
         # It is reset a cycle after the rest of the unit, by copies of the reset, one per
         # lane and one for the rest (``core_reset_state_*``, kept apart on the FPGA): the
-        # state sits by the requantizers' lanes, and one reset flip-flop of the unit drove
+        # state sits by the requantizer's lanes, and one reset flip-flop of the unit drove
         # all its bits across the die. Nothing reads or sets the state in the two cycles
         # after a reset (the unit is idle until a program starts; asserted).
         defaults = QuantState(cols).const({"act_min": -128, "act_max": 127})
@@ -107,20 +106,15 @@ class StoreUnit(wiring.Component):
         with m.If(self.quant.valid):
             m.d.sync += state.eq(self.quant.payload)
         m.submodules.requant = requant = Requantizer(cols)
-        m.submodules.requant_float = requant_float = FloatRequantizer(cols)
-        assert FloatRequantizer.latency == Requantizer.latency, "one wait for both modes"
         m.d.comb += [
+            requant.acc.eq(self.acc.data),
+            requant.mode.eq(state.mode),
             requant.multiplier.eq(state.multiplier),
             requant.shift.eq(state.shift),
-            requant_float.scale.eq(state.multiplier),
+            requant.zero_point.eq(state.zero_point),
+            requant.act_min.eq(state.act_min),
+            requant.act_max.eq(state.act_max),
         ]
-        for block in (requant, requant_float):
-            m.d.comb += [
-                block.acc.eq(self.acc.data),
-                block.zero_point.eq(state.zero_point),
-                block.act_min.eq(state.act_min),
-                block.act_max.eq(state.act_max),
-            ]
 
         op = Signal(8)
         acc = Signal(RowRange)
@@ -169,39 +163,31 @@ class StoreUnit(wiring.Component):
             self.acc.addr.eq(read_addr),
         ]
 
-        # STORE_Q's rows go through a queue, which takes the result of the mode's
-        # requantizer (the mode holds while a STORE_Q runs: LOAD_QUANT waits for the unit).
-        # The row to the writer is chosen per 32-bit lane of the row (the accumulator's
-        # lane, or four requantized bytes from the queue), and the queue's input per four
-        # bytes likewise, by copies of the two selects, one per lane (``select_lane_<lane>_*``,
-        # kept apart on the FPGA by fpga/flow.py's KEEP_APART): one flip-flop of the state
-        # and one of the opcode drove every bit of the row, by routes of 5 ns across the die.
-        # The copies follow a cycle late, long before a row passes them.
+        # STORE_Q's rows go through a queue, which takes the requantizer's rows. The row to
+        # the writer is chosen per 32-bit lane of the row (the accumulator's lane, or four
+        # requantized bytes from the queue) by copies of the select, one per lane
+        # (``select_lane_<lane>_quantized``, kept apart on the FPGA by fpga/flow.py's
+        # KEEP_APART): one flip-flop of the opcode drove every bit of the row, by routes of
+        # 5 ns across the die. The copies follow a cycle late, long before a row passes them.
         m.submodules.queue = queue = SyncFIFOBuffered(width=8 * cols, depth=self.QUEUE_DEPTH)
-        row_out, queue_in = [], []
+        row_out, selects = [], []
         for lane in range(cols):
             quantized = Signal(name=f"select_lane_{lane}_quantized")
             m.d.sync += quantized.eq(op == Opcode.STORE_Q)
-            requantized = Const(0, 32)
-            if 4 * lane < cols:
-                floating = Signal(name=f"select_lane_{lane}_float")
-                m.d.sync += floating.eq(state.mode == QuantMode.FLOAT)
-                queue_in += [Mux(floating, requant_float.result[byte], requant.result[byte])
-                             for byte in range(4 * lane, min(4 * lane + 4, cols))]
-                requantized = queue.r_data[32 * lane:min(32 * lane + 32, 8 * cols)]
-                selects = (quantized, floating)
+            selects.append(quantized)
+            requantized = queue.r_data[32 * lane:32 * lane + 32] if 4 * lane < cols else 0
             row_out.append(Mux(quantized, requantized, self.acc.data[lane])[:32])
         m.d.comb += [
             writer.row.payload.eq(Cat(*row_out)),
             queue.w_en.eq(requant.result_valid),
-            queue.w_data.eq(Cat(*queue_in)),
+            queue.w_data.eq(requant.result),
         ]
 
         read = Signal()
         m.d.comb += self.acc.en.eq(read)     # the read port holds its row between reads
         with m.If(read):
             m.d.sync += read_addr.eq(read_addr + 1)
-        # STORE_Q: each row read reaches the requantizers READ_LATENCY cycles later; rows
+        # STORE_Q: each row read reaches the requantizer READ_LATENCY cycles later; rows
         # read and not yet handed over (``in_flight``) stay below the queue's depth.
         quantized_read = Signal()
         arriving = quantized_read
@@ -209,7 +195,7 @@ class StoreUnit(wiring.Component):
             registered = Signal(name=f"quantized_read_{stage + 1}")
             m.d.sync += registered.eq(arriving)
             arriving = registered
-        m.d.comb += [requant.valid.eq(arriving), requant_float.valid.eq(arriving)]
+        m.d.comb += requant.valid.eq(arriving)
         in_flight = Signal(range(self.QUEUE_DEPTH + 1))
         handed = Signal()
         m.d.sync += in_flight.eq(in_flight + quantized_read - handed)
@@ -240,7 +226,7 @@ class StoreUnit(wiring.Component):
             with m.State("STREAM"):
                 # STORE_Q: read while rows are left and the queue has room for them; hand
                 # the queue's rows over as the writer takes them.
-                m.d.sync += Assert(Cat(*selects) == Cat(1, state.mode == QuantMode.FLOAT),
+                m.d.sync += Assert(Cat(*selects).all(),
                                    "store unit: the STORE_Q selects out of step")
                 with m.If(~reads_done & room):
                     m.d.comb += [read.eq(1), quantized_read.eq(1)]
@@ -253,7 +239,8 @@ class StoreUnit(wiring.Component):
             with m.State("READ"):            # the row's data arrives in the next state
                 m.next = "ROW"
             with m.State("ROW"):
-                m.d.sync += Assert(~selects[0], "store unit: the STORE selects out of step")
+                m.d.sync += Assert(~Cat(*selects).any(),
+                                   "store unit: the STORE selects out of step")
                 with m.If(writer.row.ready):
                     m.d.sync += [rows_after.eq(rows_after - 1), last.eq(rows_after == 1)]
                     with m.If(last):
@@ -292,7 +279,7 @@ class StoreUnit(wiring.Component):
         with m.If((fsm.ongoing("WAIT") & writer.done & ~writer.error) | fsm.ongoing("FAILED")):
             m.d.sync += idle_reg.eq(1)
         m.d.sync += Assert(idle_reg == fsm.ongoing("IDLE"), "store unit: idle out of step")
-        # The requantizers copy the state into each lane first: a row must not reach them
+        # The requantizer copies the state into each lane first: a row must not reach it
         # before the copies hold the state the last LOAD_QUANT set (Requantizer.setup).
         quant_age = Signal(range(Requantizer.setup + 1), init=Requantizer.setup)
         with m.If(self.quant.valid):
@@ -300,7 +287,7 @@ class StoreUnit(wiring.Component):
         with m.Elif(quant_age != Requantizer.setup):
             m.d.sync += quant_age.eq(quant_age + 1)
         m.d.sync += Assert(~requant.valid | (quant_age == Requantizer.setup),
-                           "store unit: a STORE_Q row before the requantizers' copies of "
+                           "store unit: a STORE_Q row before the requantizer's copies of "
                            "the state")
         m.d.comb += [idle.eq(idle_reg), status.busy.eq(~idle), status.follows.eq(idle)]
         return m
