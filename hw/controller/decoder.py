@@ -135,17 +135,41 @@ class Decoder(wiring.Component):
 
         # Stage 1. The byte after the last one a 2-D block touches is addr + (rows - 1) *
         # stride + row_bytes (more than 32 bits: it wraps). It is summed as rows * stride +
-        # base in stage 2, with base = addr + row_bytes - stride formed beside the multiplier,
-        # and so is limit = 2**32 - base, for stage 2's range check: each as two carry chains
-        # in a row (end = addr + row_bytes, then base = end - stride and limit = 2**32 +
-        # stride - end side by side), not three.
-        base = Signal(signed(35))
-        limit = Signal(signed(36), init=1 << 32)
+        # base in stage 2, with base = addr + row_bytes - stride formed beside the multiplier
+        # (LOAD_QUANT's two rows: addr + row_bytes + stride), and so is limit = 2**32 - base,
+        # for stage 2's range check. Each is a carry-save step and one carry chain (two
+        # chains in a row, end = addr + row_bytes and then base and limit from it, were the
+        # 8x8's longest path): base = x + y with x the bitwise sum of addr, row_bytes and
+        # +-stride and y their carries (and a block's +1 of -stride = ~stride + 1), limit =
+        # ~x + ~y + 2 + 2**32, the same step again with the constant.
+        quant_op = opcode == Opcode.LOAD_QUANT
+        block_op = Cat(opcode == op for op in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC,
+                                               Opcode.STORE, Opcode.STORE_Q)).any()
+        assert all(data.Layout.cast(LoadArgs)[name].offset ==
+                   data.Layout.cast(StoreArgs)[name].offset
+                   for name in ("dram_addr", "row_bytes", "dram_stride"))
 
-        def block_bounds(args):
-            end = args.dram_addr + args.row_bytes
-            return [base.eq(end - args.dram_stride),
-                    limit.eq(Cat(args.dram_stride, Const(1, 1)) - end)]
+        def carry_save(name, a, b, c, carry_in=0):
+            """``(x, y)`` with ``x + y == a + b + c + carry_in`` (36-bit), one LUT a bit."""
+            x, y = Signal(signed(36), name=f"{name}_x"), Signal(signed(36), name=f"{name}_y")
+            m.d.comb += [x.eq(a ^ b ^ c), y.eq(Cat(carry_in, (a & b) | (a & c) | (b & c)))]
+            return x, y
+
+        operands = [Signal(signed(36), name=f"bounds_{name}") for name in ("a", "b", "c")]
+        stride = Mux(quant_op, quant.dram_stride, load.dram_stride)
+        m.d.comb += [
+            operands[0].eq(Mux(quant_op, quant.dram_addr, load.dram_addr)),
+            operands[1].eq(Mux(quant_op, quant.row_bytes, load.row_bytes)),
+            operands[2].eq(Mux(block_op, ~Cat(stride, Const(0, 4)), stride)),
+        ]
+        base_x, base_y = carry_save("base", *operands, carry_in=block_op)
+        limit_x, limit_y = carry_save("limit", ~base_x, ~base_y, Const(2 + (1 << 32), 36))
+        base = Signal(signed(35))
+        limit = Signal(signed(36))
+        with m.If(block_op | quant_op):
+            m.d.comb += [base.eq(base_x + base_y), limit.eq(limit_x + limit_y)]
+        with m.Else():
+            m.d.comb += limit.eq(1 << 32)
 
         lo = Signal(32)
         dram = Signal()              # the instruction moves a DRAM block
@@ -159,7 +183,7 @@ class Decoder(wiring.Component):
                     m.d.comb += spad.eq(local)
                 with m.Else():
                     m.d.comb += acc.eq(local)
-                m.d.comb += [lo.eq(load.dram_addr), *block_bounds(load)]
+                m.d.comb += lo.eq(load.dram_addr)
             with m.Case(Opcode.PRELOAD):
                 m.d.comb += spad.eq(Cat(preload.spad_addr, preload.spad_addr + rows))
             with m.Case(Opcode.MATMUL):
@@ -167,13 +191,9 @@ class Decoder(wiring.Component):
                              acc.eq(Cat(matmul.acc_addr, matmul.acc_addr + matmul.rows))]
             with m.Case(Opcode.STORE, Opcode.STORE_Q):
                 m.d.comb += acc.eq(Cat(store.acc_addr, store.acc_addr + store.rows))
-                m.d.comb += [lo.eq(store.dram_addr), *block_bounds(store)]
+                m.d.comb += lo.eq(store.dram_addr)
             with m.Case(Opcode.LOAD_QUANT):
-                # Two rows: base = end + stride, limit = (2**32 - stride) - end.
-                end = quant.dram_addr + quant.row_bytes
-                m.d.comb += [lo.eq(quant.dram_addr),
-                             base.eq(end + quant.dram_stride),
-                             limit.eq(((1 << 32) - quant.dram_stride) - end)]
+                m.d.comb += lo.eq(quant.dram_addr)
         # Every check but the DRAM range's, as one flag per outcome (each under its opcodes;
         # at most one outcome per instruction is chosen in stage 2, in the ISA's order): the
         # comparisons of this stage go into flip-flops with the opcode's choice, not through
@@ -325,11 +345,14 @@ class Decoder(wiring.Component):
         # its cycle) reaches two enables per slice, not the enables of all the head's and
         # the front's flip-flops (one net to the head's 268 was the NPU's longest path, one
         # to the front's, inside a SyncFIFOBuffered, a group of 268 failing endpoints).
-        # Every copy of a flag holds the same value (asserted).
-        head, ready = self.decoded.payload, self.decoded.ready
-        front = Signal(Decoded)
+        # Every copy of a flag holds the same value (asserted). The two registers have no
+        # reset (the copies of the flags say whether they hold an entry), so that the core
+        # reset reaches only the flags, not their 2 x 268 flip-flops.
+        ready = self.decoded.ready
+        head = Signal(Decoded, reset_less=True)
+        front = Signal(Decoded, reset_less=True)
         stored = Decoded(queue.r_data)
-        m.d.comb += self.next.entry.eq(front)
+        m.d.comb += [self.decoded.payload.eq(head), self.next.entry.eq(front)]
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         for copy, front_copy, fields in zip(copies, front_copies, HEAD_SLICES):
