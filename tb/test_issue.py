@@ -369,8 +369,10 @@ ARBITER = [
     ("lowest_pc_store", [{"issue": C.ACC_RANGE, "load": (C.QUANT, 4),
                           "store": (C.BUS_WRITE, 2)}], (C.BUS_WRITE, 2)),
     ("issue_alone", [{"issue": C.ACC_RANGE}], (C.ACC_RANGE, 5)),
-    ("issue_before_store", [{"issue": C.DRAM_RANGE, "store": (C.BUS_WRITE, 5)}],
-     (C.DRAM_RANGE, 5)),
+    # A unit's instruction is older than the head's (its pc is lower: the stage asserts
+    # it), so the stage's own fault loses to any unit's.
+    ("store_before_issue", [{"issue": C.DRAM_RANGE, "store": (C.BUS_WRITE, 4)}],
+     (C.BUS_WRITE, 4)),
     ("tie_load_first", [{"load": (C.BUS_READ, 4), "store": (C.BUS_WRITE, 4)}],
      (C.BUS_READ, 4)),
     ("pending_beaten", [{"store": (C.BUS_WRITE, 4)}, {}, {"load": (C.QUANT, 2)}],
@@ -404,6 +406,14 @@ def test_error_arbiter(name, cycles, expected):
         assert ctx.get(dut.host.error) == 1 and ctx.get(dut.host.busy) == 0, name
         assert (C(ctx.get(dut.host.error_code)), ctx.get(dut.host.error_pc)) == expected
     simulate(body)
+
+
+def test_error_arbiter_asserts_the_units_are_older():
+    """The arbiter compares no pc with the head's: a unit's fault at the head's pc (which no
+    program makes) fails the stage's assertion rather than passing unnoticed."""
+    with pytest.raises(AssertionError, match="a unit's fault not older than the head"):
+        test_error_arbiter("store_at_the_head", [{"issue": C.DRAM_RANGE,
+                                                   "store": (C.BUS_WRITE, 5)}], None)
 
 
 @pytest.mark.parametrize("holding", [

@@ -1,7 +1,7 @@
 """The issue stage: runs the program (start, stop, errors), takes decoded instructions in
 program order and hands each to its unit once no hazard holds it back."""
 
-from amaranth.hdl import Assert, Cat, Module, Mux, Signal
+from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -312,15 +312,26 @@ class IssueStage(wiring.Component):
         # ------------------------------------------------------------ errors, stop
         # The earliest error in program order among the pending one and this cycle's: the
         # lowest pc, the first in this order on a tie. The candidates' pcs are compared
-        # pairwise, side by side, so that the comparisons do not form a chain.
+        # pairwise, side by side, so that the comparisons do not form a chain. The issue
+        # stage's own fault is the youngest: its pc is the head's, and every unit holds an
+        # instruction issued before it (pcs only grow in a run), and it comes only while no
+        # error is pending; so its pc is compared with none (the comparisons of the pc with
+        # the units' were the 4x4's longest path, into ``stop_pc``; asserted).
         candidates = [(stopping, stop_code, stop_pc)]
         for fault in (issue_fault, self.load.fault, self.store.fault):
             candidates.append((fault.valid, fault.code, fault.pc))
-        below = {}                  # below[a, b]: pc of a < pc of b, for a > b
-        for a, (_, _, pc_a) in enumerate(candidates):
+        below = {(1, 0): Const(0), (2, 1): Const(1), (3, 1): Const(1)}
+        for a, (_, _, pc_a) in enumerate(candidates):      # below[a, b]: pc_a < pc_b, a > b
             for b, (_, _, pc_b) in enumerate(candidates[:a]):
-                below[a, b] = Signal(name=f"error_pc_below_{a}_{b}")
-                m.d.comb += below[a, b].eq(pc_a < pc_b)
+                if (a, b) not in below:
+                    below[a, b] = Signal(name=f"error_pc_below_{a}_{b}")
+                    m.d.comb += below[a, b].eq(pc_a < pc_b)
+        m.d.sync += Assert(~(issue_fault.valid & stopping),
+                           "issue stage: a fault while an error is pending")
+        for unit in (self.load, self.store):
+            m.d.sync += Assert(~(issue_fault.valid & unit.fault.valid) |
+                               (unit.fault.pc < host.pc),
+                               "issue stage: a unit's fault not older than the head")
         # At most one candidate wins: the winner's code and pc are an AND-OR of all, not a
         # chain of multiplexers.
         best_valid = Cat(*[valid for valid, _, _ in candidates]).any()
