@@ -155,21 +155,20 @@ class Decoder(wiring.Component):
             m.d.comb += [x.eq(a ^ b ^ c), y.eq(Cat(carry_in, (a & b) | (a & c) | (b & c)))]
             return x, y
 
+        # The operands are 0 for the other opcodes (base 0, limit 2**32), picked in the
+        # operands' LUT, not after the sums.
         operands = [Signal(signed(36), name=f"bounds_{name}") for name in ("a", "b", "c")]
-        stride = Mux(quant_op, quant.dram_stride, load.dram_stride)
         m.d.comb += [
-            operands[0].eq(Mux(quant_op, quant.dram_addr, load.dram_addr)),
-            operands[1].eq(Mux(quant_op, quant.row_bytes, load.row_bytes)),
-            operands[2].eq(Mux(block_op, ~Cat(stride, Const(0, 4)), stride)),
+            operands[0].eq(Mux(quant_op, quant.dram_addr, Mux(block_op, load.dram_addr, 0))),
+            operands[1].eq(Mux(quant_op, quant.row_bytes, Mux(block_op, load.row_bytes, 0))),
+            operands[2].eq(Mux(quant_op, quant.dram_stride,
+                               Mux(block_op, ~Cat(load.dram_stride, Const(0, 4)), 0))),
         ]
         base_x, base_y = carry_save("base", *operands, carry_in=block_op)
         limit_x, limit_y = carry_save("limit", ~base_x, ~base_y, Const(2 + (1 << 32), 36))
         base = Signal(signed(35))
         limit = Signal(signed(36))
-        with m.If(block_op | quant_op):
-            m.d.comb += [base.eq(base_x + base_y), limit.eq(limit_x + limit_y)]
-        with m.Else():
-            m.d.comb += limit.eq(1 << 32)
+        m.d.comb += [base.eq(base_x + base_y), limit.eq(limit_x + limit_y)]
 
         lo = Signal(32)
         dram = Signal()              # the instruction moves a DRAM block
