@@ -65,11 +65,28 @@ class Decoded(data.Struct):
     kind:      Kind
 
 
-#: The head register's slices, each loaded under its own copy of the head's valid flag: the
-#: instruction (for the units, which follow the head while idle), its DRAM bytes, its rows,
-#: and what the issue stage decides from.
-HEAD_SLICES = (("instr",), ("lo", "hi"), ("spad", "acc"), ("check", "bus_error", "kind"))
-assert sorted(sum(HEAD_SLICES, ())) == sorted(name for name, _ in data.Layout.cast(Decoded))
+def _slices(*groups, widest=33):
+    """The bit ranges ``(start, stop)`` of :class:`Decoded` that ``groups`` of its fields
+    take, a group wider than ``widest`` bits cut into pieces of at most that many."""
+    layout = data.Layout.cast(Decoded)
+    assert sorted(sum(groups, ())) == sorted(name for name, _ in layout)
+    ranges = []
+    for group in groups:
+        start = min(layout[name].offset for name in group)
+        stop = max(layout[name].offset + layout[name].width for name in group)
+        assert stop - start == sum(layout[name].width for name in group), group
+        pieces = -(-(stop - start) // widest)
+        ranges += [(start + (stop - start) * k // pieces, start + (stop - start) * (k + 1) //
+                    pieces) for k in range(pieces)]
+    return tuple(ranges)
+
+
+#: The head register's slices (bit ranges of :class:`Decoded`), each loaded under its own
+#: copy of the head's valid flag, none wider than 33 bits: the instruction (for the units,
+#: which follow the head while idle) in four, its DRAM bytes, its rows, and what the issue
+#: stage decides from.
+HEAD_SLICES = _slices(("instr",), ("lo",), ("hi",), ("spad",), ("acc",),
+                      ("check", "bus_error", "kind"))
 
 
 def NextHeadSignature():
@@ -343,7 +360,8 @@ class Decoder(wiring.Component):
         # own copies of their valid flags: the issue decision (``decoded.ready``, late in
         # its cycle) reaches two enables per slice, not the enables of all the head's and
         # the front's flip-flops (one net to the head's 268 was the NPU's longest path, one
-        # to the front's, inside a SyncFIFOBuffered, a group of 268 failing endpoints).
+        # to the front's, inside a SyncFIFOBuffered, a group of 268 failing endpoints; four
+        # slices were still groups of 148 and 268 on the 8x8, so the slices are now nine).
         # Every copy of a flag holds the same value (asserted). The two registers have no
         # reset (the copies of the flags say whether they hold an entry), so that the core
         # reset reaches only the flags, not their 2 x 268 flip-flops.
@@ -354,16 +372,16 @@ class Decoder(wiring.Component):
         m.d.comb += [self.decoded.payload.eq(head), self.next.entry.eq(front)]
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
-        for copy, front_copy, fields in zip(copies, front_copies, HEAD_SLICES):
+        for copy, front_copy, (start, stop) in zip(copies, front_copies, HEAD_SLICES):
             take = front_copy & (~copy | ready)        # the head takes the front entry
             with m.If(ready):
                 m.d.sync += copy.eq(0)
             with m.If(take):
                 m.d.sync += [copy.eq(1), front_copy.eq(0)]
-                m.d.sync += [head[field].eq(front[field]) for field in fields]
+                m.d.sync += head.as_value()[start:stop].eq(front.as_value()[start:stop])
             with m.If(queue.r_rdy & (~front_copy | take)):
                 m.d.sync += front_copy.eq(1)
-                m.d.sync += [front[field].eq(stored[field]) for field in fields]
+                m.d.sync += front.as_value()[start:stop].eq(stored.as_value()[start:stop])
             with m.If(flush):
                 m.d.sync += [copy.eq(0), front_copy.eq(0)]
         taken = front_copies[0] & (~copies[0] | ready)
