@@ -145,6 +145,14 @@ class Decoder(wiring.Component):
         word = Signal(words.word.payload.shape(), name="word_in")
         word_valid = Signal()
         m.d.sync += [word.eq(words.word.payload), word_valid.eq(words.word.valid & ~flush)]
+        # Beside it, the opcode's kinds that stage 1's bounds depend on (their decodes were
+        # the first LUTs of its longest paths).
+        incoming = words.word.payload.instr.opcode
+        quant_op = Signal()          # LOAD_QUANT
+        block_op = Signal()          # a 2-D DRAM block: its rows x stride is multiplied
+        m.d.sync += [quant_op.eq(incoming == Opcode.LOAD_QUANT),
+                     block_op.eq(Cat(incoming == op for op in (
+                         Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.STORE, Opcode.STORE_Q)).any())]
         fetched = word.instr
         opcode = fetched.opcode
         load, store, quant = fetched.args.load, fetched.args.store, fetched.args.quant
@@ -159,9 +167,6 @@ class Decoder(wiring.Component):
         # 8x8's longest path): base = x + y with x the bitwise sum of addr, row_bytes and
         # +-stride and y their carries (and a block's +1 of -stride = ~stride + 1), limit =
         # ~x + ~y + 2 + 2**32, the same step again with the constant.
-        quant_op = opcode == Opcode.LOAD_QUANT
-        block_op = Cat(opcode == op for op in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC,
-                                               Opcode.STORE, Opcode.STORE_Q)).any()
         assert all(data.Layout.cast(LoadArgs)[name].offset ==
                    data.Layout.cast(StoreArgs)[name].offset
                    for name in ("dram_addr", "row_bytes", "dram_stride"))
@@ -289,8 +294,7 @@ class Decoder(wiring.Component):
             stage.valid.eq(word_valid),
             stage.instr.eq(fetched),
             stage.bus_error.eq(word.bus_error),
-            stage.multiplied.eq((opcode == Opcode.LOAD_SPAD) | (opcode == Opcode.LOAD_ACC) |
-                                (opcode == Opcode.STORE) | (opcode == Opcode.STORE_Q)),
+            stage.multiplied.eq(block_op),
             stage.base.eq(base),
             # 2**32 - base, for the range check of stage 2 (a subtraction there would put
             # two carry chains in a row between the stage register and the queue).
