@@ -163,7 +163,7 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
 #: The Yosys command that keeps apart the flip-flops that hw/ copies by design to spread a
 #: fanout (Yosys would merge equal flip-flops back into one): the mesh's weight shift enable,
 #: once per row, the accumulator's forwarding picks, once per byte of a lane, the
-#: requantizers' parameters, the store unit's row selects and the load unit's staging
+#: requantizer's parameters, the store unit's row selects and the load unit's staging
 #: enable, once per lane, the core reset, once per block (hw/top.py) and per lane of the
 #: requantization state, the decoder's head and front valid flags, once per slice, the DMA
 #: writer's state, once per word of its beats, the DMA reader's row offset, once per byte

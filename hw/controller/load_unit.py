@@ -139,11 +139,11 @@ class LoadUnit(wiring.Component):
             m.d.sync += count.eq(count + 1)
         # LOAD_QUANT's two rows, multipliers then shifts, pass through a register (``row``,
         # no enable: the reader's row flip-flops sit by the memories, the stages by the
-        # requantizers, and a route between them was a long path) and then through the two
-        # stages as through a shift register, whose enable (a copy per lane, kept apart on
-        # the FPGA) does not wait for a compare of the count. At the check, the cycle after
-        # the last row, the shifts are still in ``row`` and the multipliers in the first
-        # stage: the check reads them there, and they move into place at its edge.
+        # requantizer's lanes, and a route between them was a long path) and then through
+        # the two stages as through a shift register, whose enable (a copy per lane, kept
+        # apart on the FPGA) does not wait for a compare of the count. At the check, the
+        # cycle after the last row, the shifts are still in ``row`` and the multipliers in
+        # the first stage: the check reads them there, and they move into place at its edge.
         row = Signal(lanes32, reset_less=True)
         m.d.sync += row.eq(reader.row.payload)
         takes = [Signal(name=f"stage_lane_{lane}_take") for lane in range(cols)]
