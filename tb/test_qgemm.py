@@ -371,9 +371,9 @@ def run_on_amaranth(jobs, config, seed):
 
 
 def test_float_mode_on_the_amaranth_simulator():
-    """STORE_Q through the controller and the requantizer's float mode: GEMMs and a convolution in
-    float mode, with a fixed-point GEMM between them on the same NPU (the mode is per
-    LOAD_QUANT), bit-exact against the references."""
+    """STORE_Q through the controller and the requantizer's float mode: GEMMs and a
+    convolution in float mode, with a fixed-point GEMM between them on the same NPU (the
+    mode is per LOAD_QUANT), bit-exact against the references."""
     from sw.conv import prepare_conv2d, reference_conv2d
     seed = SEED + 2200
     print(f"seed {seed}")

@@ -111,7 +111,8 @@ def test_modes_alternate():
     scale = (rng.uniform(0.5, 1.0, size=cols) * 2.0 ** rng.integers(-30, -10, size=cols)
              * np.where(rng.random(cols) < 0.5, -1, 1)).astype(np.float32)
     batches = [(QuantMode.FIXED, multiplier, shift, (3, -100, 100)),
-               (QuantMode.FLOAT, scale.view(np.int32), np.zeros(cols, np.int32), (-5, -128, 90)),
+               (QuantMode.FLOAT, scale.view(np.int32), np.zeros(cols, np.int32),
+                (-5, -128, 90)),
                (QuantMode.FIXED, multiplier, -shift, (0, -128, 127))]
     outputs = []
 

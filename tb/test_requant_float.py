@@ -27,7 +27,8 @@ LANES = 8
 def _set_scales(ctx, dut, scale):
     """Float mode, with ``scale`` (float32, one per lane) as the lanes' multipliers."""
     ctx.set(dut.mode, QuantMode.FLOAT)
-    ctx.set(dut.multiplier, [int(bits) for bits in np.asarray(scale, np.float32).view(np.int32)])
+    bits = np.asarray(scale, np.float32).view(np.int32)
+    ctx.set(dut.multiplier, [int(value) for value in bits])
 
 
 def _run(batches, design=Requantizer):
