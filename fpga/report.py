@@ -532,7 +532,10 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
 The 10 x 10 NPU is the largest whose multipliers all go on MULT18X18D (100 PEs, the
 requantizer's four a lane, 40, and the controller's three: 143 of the 85F's 156); at 38
 minutes a seed (2026-12-03) it is not in `make fpga-report`'s default list, and
-`FPGA_CONFIGS=4x4,8x8,10x10` adds it. The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C,
+`FPGA_CONFIGS=4x4,8x8,10x10` adds it. On 2026-12-05 (`a039dc7`, seed 1: 22,959 LUT4, 5,128
+CCU2C, 25,735 flip-flops) its placement took 6 minutes and router2 still had 11,640 wires
+overused at its tenth iteration, 28 minutes in, and was stopped: like the 8x8, it routes
+on some placements at best. The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C,
 87% of the 85F's logic before packing; 144 PEs on DSPs, the requantizer on LUT
 multipliers), but on 2026-12-02 nextpnr's router2 had not converged after 2 h 10 min (19
 iterations, 10,810 wires still overused and rising) and was stopped; `make fpga
