@@ -449,12 +449,12 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   reader ends a row at a flag queued with its last burst, its offset copied per byte lane;
   the requantizer's lanes copy their parameters, the store unit its row selects, the load
   unit its staging enable, and the decoder's head and front registers load in nine slices
-  under copies of their valid flags. What is left is mostly wire: some 1,800 (4x4) to
-  2,900 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), most with a worst
-  slack of -2 to -4 ns: paths of four to eight routes of 1 to 5 ns between blocks the
-  placer puts far apart (the DSP and block RAM columns spread the design over the die),
-  with a few LUTs or a carry chain between them, some twenty groups within 1 ns of the
-  worst, so that which one a placement stretches decides the figure. The largest groups
+  under copies of their valid flags. What is left is mostly wire: 1,800 to 2,200 (4x4)
+  and 3,100 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), the worst by 3.9
+  (4x4) and 4.7 ns (8x8), most groups by 2 to 4 ns: paths of four to eight routes of 1 to
+  5 ns between blocks the placer puts far apart (the DSP and block RAM columns spread the
+  design over the die), with a few LUTs or a carry chain between them, some twenty
+  groups within 1 ns of the worst, so that which one a placement stretches decides the figure. The largest groups
   (docs/fpga-timing.md has the latest list): the issue decision (from the units'
   registered statuses through the hazard terms) into the decoder's slice flags, the
   performance counters and the weight loader; the DMA reader's row end from its
@@ -533,7 +533,7 @@ The 10 x 10 NPU is the largest whose multipliers all go on MULT18X18D (100 PEs, 
 requantizer's four a lane, 40, and the controller's three: 143 of the 85F's 156); at 38
 minutes a seed (2026-12-03) it is not in `make fpga-report`'s default list, and
 `FPGA_CONFIGS=4x4,8x8,10x10` adds it. On 2026-12-05 (`a039dc7`, seed 1: 22,959 LUT4, 5,128
-CCU2C, 25,735 flip-flops) its placement took 6 minutes and router2 still had 11,640 wires
+CCU2C, 25,735 flip-flops) its placer (HeAP) took 6 minutes and router2 still had 11,640 wires
 overused at its tenth iteration, 28 minutes in, and was stopped: like the 8x8, it routes
 on some placements at best. The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C,
 87% of the 85F's logic before packing; 144 PEs on DSPs, the requantizer on LUT

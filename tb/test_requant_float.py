@@ -85,12 +85,6 @@ def _check(batches, design=Requantizer, context=""):
     assert not wrong, f"{context} {len(wrong)} wrong, first " + "; ".join(wrong[:4])
 
 
-def test_latency():
-    """The store unit waits Requantizer.latency cycles in both modes (the rows of both
-    come out that late: ``_run`` checks each row's cycle)."""
-    assert Requantizer.latency == 11
-
-
 # Every edge accumulator times every edge scale (one scale per lane), for clamps and zero
 # points at both ends.
 CLAMPS = [(0, -128, 127), (-128, -128, 127), (127, -128, 127), (5, 5, 127), (-3, -10, 6),
