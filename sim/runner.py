@@ -6,7 +6,8 @@ on its master, so every RTL test and every driver run is checked. Builds live in
 checker, so a build is made once per configuration and simulator and reused by every test
 and every driver call until ``hw/`` (or the bench's own gateware) changes; Verilator builds
 with every signal public (``NPU_PUBLIC=1``) go to a folder of their own. A file lock lets
-parallel pytest workers share one build instead of racing.
+parallel pytest workers share one build instead of racing. Builds of older gateware are
+deleted once unused for an hour (:data:`STALE_BUILD_SECONDS`).
 """
 
 import fcntl
@@ -17,6 +18,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -182,6 +184,40 @@ def _locked(path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+#: Builds of other gateware (another hash) unused for this long are deleted when a build of
+#: the current gateware is made: every change to ``hw/`` makes a new set of builds, and a
+#: long-lived checkout kept them all (37 GB of them, on one). The hour spares the builds of
+#: another checkout that shares ``NPU_BUILD_DIR`` while it is in use.
+STALE_BUILD_SECONDS = 3600
+_BUILD_NAME = re.compile(r"-(?P<hash>[0-9a-f]{12})(-public)?(-coverage)?(\.lock)?$")
+
+
+def _prune(sim, keep_hash, *, now=None, stale_seconds=STALE_BUILD_SECONDS):
+    """Delete the builds for ``sim`` of gateware other than ``keep_hash`` last used (their
+    ``build.ok`` touched, :func:`build`) more than ``stale_seconds`` ago, with their lock
+    files; a build whose lock is held (being made) is left. Returns the folders deleted."""
+    now = time.time() if now is None else now
+    deleted = []
+    for path in sorted((BUILD_ROOT / "sim" / sim).glob("*")):
+        match = _BUILD_NAME.search(path.name)
+        if not path.is_dir() or match is None or match["hash"] == keep_hash:
+            continue
+        stamp = path / "build.ok"
+        used = stamp.stat().st_mtime if stamp.exists() else path.stat().st_mtime
+        if now - used < stale_seconds:
+            continue
+        lock_path = path.with_name(path.name + ".lock")
+        with open(lock_path, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)
+        deleted.append(path)
+    return deleted
+
+
 def _build_dir(config, sim, dram):
     public = "-public" if sim == "verilator" and PUBLIC_ALL else ""
     coverage = "-coverage" if _coverage(sim, "build") else ""
@@ -205,7 +241,9 @@ def build(config, sim, dram=None):
     stamp = build_dir / "build.ok"
     with _locked(build_dir.with_name(build_dir.name + ".lock")):
         if stamp.exists():
+            os.utime(stamp)                  # last used: older gateware's are pruned by it
             return build_dir
+        _prune(sim, _gateware_hash())
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / f"{TOPLEVEL}.v"
         text, ports = generate_bench_verilog(config, name=TOPLEVEL, dram=dram,

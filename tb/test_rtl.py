@@ -169,3 +169,36 @@ def test_build_hash_covers_every_gateware_file(tmp_path, monkeypatch):
     assert runner._gateware_hash() != before
     nested.write_text("b = 1\n")
     assert runner._gateware_hash() == before
+
+
+def test_old_builds_are_pruned(tmp_path, monkeypatch):
+    """Making a build deletes the builds of other gateware unused for an hour (with their
+    locks), and keeps the current gateware's, recent ones and one being made."""
+    import fcntl
+    from sim import runner
+    monkeypatch.setattr(runner, "BUILD_ROOT", tmp_path)
+    folder = tmp_path / "sim" / "verilator"
+    now = 1_000_000.0
+
+    def made(name, used):
+        path = folder / name
+        path.mkdir(parents=True)
+        (path / "build.ok").write_text("{}")
+        os.utime(path / "build.ok", (used, used))
+        (folder / f"{name}.lock").write_text("")
+        return path
+
+    current = made("8x8_s1024-hdl-aaaaaaaaaaaa", now - 7200)
+    old = made("8x8_s1024-hdl-bbbbbbbbbbbb", now - 7200)
+    old_public = made("4x4_s512-python-cccccccccccc-public", now - 3601)
+    recent = made("8x8_s1024-hdl-dddddddddddd", now - 60)
+    building = made("2x2_s64-hdl-eeeeeeeeeeee", now - 7200)
+    other = folder / "notes"
+    other.mkdir()
+    with open(folder / f"{building.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        deleted = runner._prune("verilator", "aaaaaaaaaaaa", now=now)
+    assert sorted(deleted) == sorted([old, old_public])
+    assert sorted(path.name for path in folder.iterdir()) == sorted(
+        [current.name, current.name + ".lock", recent.name, recent.name + ".lock",
+         building.name, building.name + ".lock", "notes"])
