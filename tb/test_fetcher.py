@@ -301,11 +301,18 @@ OVERLAPS = [((0x1140, 0x1200), False), ((0x0F00, 0x1000), False),
             ((0x113F, 0x1140), True), ((0x0FFF, 0x1001), True), ((0, 1 << 32), True)]
 
 
+@pytest.mark.parametrize("moved", [False, True], ids=["", "registers_moved"])
 @pytest.mark.parametrize("store, overlaps", OVERLAPS)
-def test_refetch_after_store(store, overlaps):
+def test_refetch_after_store(store, overlaps, moved):
     """A store over the program: fetching stops; once the store and the reader are idle,
-    the queue is emptied (``flush``) and fetching starts again at ``pc``."""
+    the queue is emptied (``flush``) and fetching starts again at ``pc``. With ``moved``,
+    ``prog_addr`` and ``prog_len`` change after ``begin`` (the issue stage hands on the
+    host's registers, which the host may write during a run): the fetcher read them only
+    at ``begin``, so nothing changes."""
     async def body(ctx, dut, bench):
+        if moved:
+            ctx.set(dut.control.prog_addr, 0x8000_0000)
+            ctx.set(dut.control.prog_len, 3)
         await bench.run(5)               # the first batch is in flight
         ctx.set(dut.control.store_issued, 1)
         ctx.set(dut.control.store_lo, store[0])

@@ -136,17 +136,28 @@ def test_program_registers_changed_with_a_start(wait):
 
 
 def test_program_registers_latched_at_start():
+    """The fetcher takes the program in the cycle of ``begin`` (and keeps it:
+    tb/test_fetcher.py's ``registers_moved``); the stage keeps the length for the check of
+    the program's end: a host write of PROG_LEN during the run changes neither."""
     async def body(ctx, dut):
-        await start(ctx, dut, 0x200, 7)
+        ctx.set(dut.host.prog_addr, 0x200)
+        ctx.set(dut.host.prog_len, 3)
+        await ctx.tick().repeat(3)
+        ctx.set(dut.host.start, 1)
+        await ctx.tick()
+        ctx.set(dut.host.start, 0)
+        assert (ctx.get(dut.fetch.begin), ctx.get(dut.fetch.prog_addr),
+                ctx.get(dut.fetch.prog_len)) == (1, 0x200, 3)
+        await ctx.tick()
         ctx.set(dut.host.prog_addr, 0x400)
         ctx.set(dut.host.prog_len, 9)
-        for _ in range(3):
-            assert (ctx.get(dut.fetch.prog_addr), ctx.get(dut.fetch.prog_len)) == (0x200, 7)
-            await ctx.tick()
-        set_head(ctx, dut, END)
-        await ctx.tick()
+        await issue_preloads(ctx, dut, 3)
+        set_head(ctx, dut, preload(0))         # past the program's end: not issued
+        assert ctx.get(dut.decoded.ready) == 0
+        await ctx.tick().repeat(2)
         ctx.set(dut.decoded.valid, 0)
-        assert (ctx.get(dut.host.done), ctx.get(dut.host.busy)) == (1, 0)
+        assert (ctx.get(dut.host.error), ctx.get(dut.host.error_code),
+                ctx.get(dut.host.error_pc)) == (1, ErrorCode.PROGRAM.value, 3)
         await start(ctx, dut)          # now the registers are 0x100 and 1000
         assert (ctx.get(dut.fetch.prog_addr), ctx.get(dut.fetch.prog_len)) == (0x100, 1000)
     simulate(body)
@@ -339,8 +350,8 @@ def test_counters_and_refetch():
 
 def test_start_while_busy():
     """A start while running: the heads of its cycle and the next (in which the stage sees
-    it) still issue, the one after does not; START_BUSY at its pc once idle; the program
-    registers keep their values."""
+    it) still issue, the one after does not; START_BUSY at its pc once idle; the fetcher is
+    not told to begin (it keeps the program it took at the first start)."""
     async def body(ctx, dut):
         await start(ctx, dut, 0x200, 50)
         await issue_preloads(ctx, dut, 3)
@@ -356,7 +367,7 @@ def test_start_while_busy():
         assert (ctx.get(dut.host.busy), ctx.get(dut.host.error)) == (0, 1)
         assert ctx.get(dut.host.error_code) == ErrorCode.START_BUSY.value
         assert ctx.get(dut.host.error_pc) == 5
-        assert ctx.get(dut.fetch.prog_addr) == 0x200
+        assert ctx.get(dut.fetch.begin) == 0
     simulate(body)
 
 
@@ -463,8 +474,8 @@ def test_soft_reset():
             await ctx.tick()
         assert await start(ctx, dut, 0x300, 4) == 0
         await ctx.tick()
-        assert (ctx.get(dut.fetch.enable), ctx.get(dut.host.error),
-                ctx.get(dut.host.done), ctx.get(dut.fetch.prog_addr)) == (0, 0, 0, 0)
+        assert (ctx.get(dut.fetch.enable), ctx.get(dut.fetch.begin), ctx.get(dut.host.error),
+                ctx.get(dut.host.done)) == (0, 0, 0, 0)
     simulate(body)
 
 

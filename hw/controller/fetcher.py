@@ -36,8 +36,8 @@ def FetchControlSignature():
     """The link from the issue stage to the fetcher, as the issue stage sees it.
 
     ``begin`` (a start): empty the queue and fetch from the first instruction of the program
-    at ``prog_addr`` (``prog_len`` instructions; both hold the new program's values from
-    ``begin`` on). ``enable``: fetching is allowed this cycle.
+    at ``prog_addr`` (``prog_len`` instructions; both read only in the cycle of ``begin``).
+    ``enable``: fetching is allowed this cycle.
     ``store_issued`` with the store's DRAM bytes ``[store_lo, store_hi)``: when they overlap
     the program, the fetcher drops what it fetched once ``store_busy`` falls and refetches
     from ``pc`` (``refetch`` is high until then). ``halt``: grant the reader to nobody.
@@ -121,16 +121,22 @@ class Fetcher(wiring.Component):
         reader_is_load = Signal()    # the command in the reader is the load unit's
         m.d.comb += control.refetch.eq(refetch)
 
-        # The program's end, registered: the program registers hold from the cycle after
-        # ``begin`` on, and the issue stage issues no store in the cycle of ``begin`` (it
-        # has nothing fetched yet), so the check below never sees it stale, and it starts
-        # from a flip-flop (the sum from the host's registers and the compares after it
-        # were the NPU's longest path). That is the issue stage's promise, not the
-        # fetcher's (its formal proof leaves ``store_issued`` free), so no Assert here.
+        # The program (its address, length and end) in registers of the fetcher's own,
+        # loaded at ``begin``: the checks and sums of a run start from flip-flops (the sum
+        # from the host's registers and the compares after it were the NPU's longest path;
+        # later, the issue stage's choice between the host's registers and its own, whose
+        # select comes from ``running``, was the 4x4's). The issue stage issues no store in
+        # the cycle of ``begin`` (it has nothing fetched yet), so the check below never sees
+        # them stale. That is the issue stage's promise, not the fetcher's (its formal proof
+        # leaves ``store_issued`` free), so no Assert here.
+        program_addr = Signal(32)
+        program_len = Signal(32)
         prog_end = Signal(34)
-        m.d.sync += prog_end.eq(control.prog_addr + control.prog_len * INSTR_BYTES)
+        with m.If(control.begin):
+            m.d.sync += [program_addr.eq(control.prog_addr), program_len.eq(control.prog_len),
+                         prog_end.eq(control.prog_addr + control.prog_len * INSTR_BYTES)]
         with m.If(control.store_issued & (control.store_lo < prog_end) &
-                  (control.prog_addr < control.store_hi)):
+                  (program_addr < control.store_hi)):
             m.d.sync += refetch.eq(1)
 
         # ------------------------------------------------------------ reader arbiter
@@ -195,14 +201,17 @@ class Fetcher(wiring.Component):
         with m.If(refetch & ~control.store_busy & ~reader_busy):
             m.d.comb += words.flush.eq(1)
             m.d.sync += [refetch.eq(0), fetch_stop.eq(0),
-                         fetch_addr.eq(control.prog_addr + control.pc * INSTR_BYTES)]
-            m.d.comb += fetch_left_next.eq(control.prog_len - control.pc)
+                         fetch_addr.eq(program_addr + control.pc * INSTR_BYTES)]
+            m.d.comb += fetch_left_next.eq(program_len - control.pc)
 
+        # (``fetch_more`` and ``fetch_full`` from the length itself, beside the other
+        # choices: ``begin`` comes late in its cycle.)
         with m.If(control.begin):
             m.d.comb += words.flush.eq(1)
             m.d.comb += fetch_left_next.eq(control.prog_len)
-            m.d.sync += [fetch_addr.eq(control.prog_addr),
-                         fetch_stop.eq(0), refetch.eq(0)]
+            m.d.sync += [fetch_addr.eq(control.prog_addr), fetch_stop.eq(0), refetch.eq(0),
+                         fetch_more.eq(control.prog_len != 0),
+                         fetch_full.eq(control.prog_len >= FETCH_BURST)]
         with m.If(words.flush):
             m.d.sync += [held.eq(0), words.word.valid.eq(0)]
         return m

@@ -121,7 +121,6 @@ class IssueStage(wiring.Component):
             m.d.sync += start_while_busy.eq(1)
         with m.If(~running):
             m.d.sync += start_while_busy.eq(0)
-        prog_addr = Signal(32)
         prog_len = Signal(32)
         at_prog_end = Signal()       # host.pc == prog_len, registered with the pc
         stopping = Signal()
@@ -295,9 +294,10 @@ class IssueStage(wiring.Component):
             self.fetch.enable.eq(running & ~stopping &
                                  ~(self.decoded.valid & kind.end)),
             self.fetch.halt.eq(halting),
-            # In the cycle of begin, the copies of the host's registers as they are latched.
-            self.fetch.prog_addr.eq(Mux(self.fetch.begin, prog_addr_seen, prog_addr)),
-            self.fetch.prog_len.eq(Mux(self.fetch.begin, prog_len_seen, prog_len)),
+            # Read in the cycle of begin: the copies of the host's registers as they are
+            # latched.
+            self.fetch.prog_addr.eq(prog_addr_seen),
+            self.fetch.prog_len.eq(prog_len_seen),
             self.fetch.pc.eq(host.pc),
             self.fetch.store_issued.eq(self.store.cmd.valid),
             self.fetch.store_lo.eq(head.lo),
@@ -361,7 +361,7 @@ class IssueStage(wiring.Component):
                 host.error_pc.eq(0), host.pc.eq(0), at_prog_end.eq(prog_len_seen == 0),
                 cycles.eq(1),
                 stopping.eq(0), perf.eq(0),
-                prog_addr.eq(prog_addr_seen), prog_len.eq(prog_len_seen),
+                prog_len.eq(prog_len_seen),
             ]
             with m.If(program_bad):
                 m.d.sync += [host.error.eq(1), host.error_code.eq(ErrorCode.PROGRAM)]

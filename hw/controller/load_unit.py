@@ -8,7 +8,8 @@ from amaranth.utils import ceil_log2
 
 from ..accumulator import AccumulatorWriteSignature
 from ..isa import ErrorCode, Opcode, QuantMode
-from .signatures import QuantState, ReaderSignature, RowRange, UnitSignature
+from .signatures import (QuantState, ReaderSignature, RowRange, UnitSignature,
+                         status_copy)
 
 
 __all__ = ["LoadUnit", "LoadStatus"]
@@ -92,9 +93,6 @@ class LoadUnit(wiring.Component):
         op_acc = Signal(reset_less=True)
         op_quant = Signal(reset_less=True)
         m.d.comb += [
-            status.busy.eq(busy),
-            status.to_spad.eq(busy & op_spad),
-            status.to_acc.eq(busy & op_acc),
             status.spad.eq(spad),
             status.follows.eq(~busy),
             fault.pc.eq(pc),
@@ -221,6 +219,19 @@ class LoadUnit(wiring.Component):
                 m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
             with m.Else():
                 m.d.sync += deliver.eq(1)
+        # The issue stage's copies of ``busy`` and the kinds it asks about (``status_copy``):
+        # set as a load issues (only while idle), cleared by the ends above.
+        ends = read_failed | (reader.done & ~reader.error & ~op_quant) | judged
+        busy_next = Mux(busy, ~ends, cmd.valid)
+        m.d.comb += [
+            status.busy.eq(status_copy(m, "load_busy", busy, busy_next)),
+            status.to_spad.eq(status_copy(
+                m, "load_to_spad", busy & op_spad,
+                busy_next & Mux(busy, op_spad, issued.opcode == Opcode.LOAD_SPAD))),
+            status.to_acc.eq(status_copy(
+                m, "load_to_acc", busy & op_acc,
+                busy_next & Mux(busy, op_acc, issued.opcode == Opcode.LOAD_ACC))),
+        ]
         m.d.comb += [
             self.quant.valid.eq(deliver),
             self.quant.payload.mode.eq(mode),

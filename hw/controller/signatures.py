@@ -1,6 +1,6 @@
 """The layouts and signatures the controller's blocks talk through, defined once."""
 
-from amaranth.hdl import signed
+from amaranth.hdl import Assert, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -9,7 +9,8 @@ from ..isa import Instruction, QuantMode
 
 
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
-           "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature"]
+           "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
+           "status_copy"]
 
 
 class PerfCounters(data.Struct):
@@ -91,6 +92,24 @@ def UnitSignature(status, *, fault=False, halt=False):
     if halt:
         members["halt"] = Out(1)
     return wiring.Signature(members)
+
+
+def status_copy(m, name, original, value_next, *, init=None):
+    """A flip-flop that holds what ``original`` holds, loaded with ``value_next`` (the value
+    ``original`` takes at the next edge; asserted equal every cycle): the unit's status as
+    the issue stage reads it. The issue decision reads it and drives hundreds of enables; a
+    status flip-flop that the unit's own logic reads too is placed by that logic, often far
+    from the issue stage, and its route came before the decision (the 4x4's longest paths:
+    the streamer's ``last`` into the decoder's head and front registers). The copy serves
+    only the issue stage, so it can sit there; its name (``status_copy_*``) keeps Yosys from
+    merging it with the original (fpga/flow.py's ``KEEP_APART``). ``init``: what
+    ``original`` holds after a reset, if it is not a flip-flop of its own."""
+    if init is None:
+        init = original.init if isinstance(original, Signal) else 0
+    copy = Signal(Value.cast(original).shape(), name=f"status_copy_{name}", init=init)
+    m.d.sync += copy.eq(value_next)
+    m.d.sync += Assert(copy == original, f"the issue stage's copy of {name} out of step")
+    return copy
 
 
 def ReaderSignature(row_bits):

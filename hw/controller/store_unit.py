@@ -11,7 +11,7 @@ from amaranth.utils import ceil_log2
 from ..bram import READ_LATENCY
 from ..isa import ErrorCode, Opcode
 from ..requant import Requantizer
-from .signatures import QuantState, RowRange, UnitSignature, WriterSignature
+from .signatures import QuantState, RowRange, UnitSignature, WriterSignature, status_copy
 
 
 __all__ = ["StoreUnit", "StoreStatus"]
@@ -273,11 +273,16 @@ class StoreUnit(wiring.Component):
         ]
         # Idle kept in a flip-flop beside the state (the issue stage decides from it): left
         # with the command, entered with the transitions into IDLE above.
+        # The issue stage reads a copy of it (``status_copy``, the same two transitions).
         idle_reg = Signal(init=1)
-        with m.If(fsm.ongoing("IDLE") & cmd.valid):
+        leaves = fsm.ongoing("IDLE") & cmd.valid
+        enters = (fsm.ongoing("WAIT") & writer.done & ~writer.error) | fsm.ongoing("FAILED")
+        with m.If(leaves):
             m.d.sync += idle_reg.eq(0)
-        with m.If((fsm.ongoing("WAIT") & writer.done & ~writer.error) | fsm.ongoing("FAILED")):
+        with m.If(enters):
             m.d.sync += idle_reg.eq(1)
+        status_busy = status_copy(m, "store_busy", ~idle_reg,
+                                  Mux(enters, 0, Mux(leaves, 1, ~idle_reg)), init=0)
         m.d.sync += Assert(idle_reg == fsm.ongoing("IDLE"), "store unit: idle out of step")
         # The requantizer copies the state into each lane first: a row must not reach it
         # before the copies hold the state the last LOAD_QUANT set (Requantizer.setup).
@@ -289,5 +294,5 @@ class StoreUnit(wiring.Component):
         m.d.sync += Assert(~requant.valid | (quant_age == Requantizer.setup),
                            "store unit: a STORE_Q row before the requantizer's copies of "
                            "the state")
-        m.d.comb += [idle.eq(idle_reg), status.busy.eq(~idle), status.follows.eq(idle)]
+        m.d.comb += [idle.eq(idle_reg), status.busy.eq(status_busy), status.follows.eq(idle)]
         return m

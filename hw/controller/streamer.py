@@ -10,7 +10,7 @@ from amaranth.utils import ceil_log2
 from ..accumulator import AccumulatorWriteSignature, AccWrite
 from ..bram import READ_LATENCY
 from ..systolic import ActivationRow
-from .signatures import CommitSignature, RowRange, UnitSignature
+from .signatures import CommitSignature, RowRange, UnitSignature, status_copy
 
 
 __all__ = ["Streamer", "StreamStatus", "WRITEBACK_SLOTS"]
@@ -145,9 +145,9 @@ class Streamer(wiring.Component):
             Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),
                    "streamer: drained out of step"),
         ]
+        free = Signal()              # a MATMUL issued now streams right behind
         m.d.comb += [
-            status.busy.eq(busy),
-            status.free.eq(~busy | last),        # reading its last row this cycle
+            free.eq(~busy | last),               # reading its last row this cycle
             status.spad.eq(spad),
             status.macs.eq(macs),
             status.full.eq(full),
@@ -155,7 +155,6 @@ class Streamer(wiring.Component):
             status.writing.valid.eq(self.acc.en),
             status.writing.addr.eq(self.acc.addr),
             status.unseen.eq(self.acc.unseen),
-            status.follows.eq(status.free),
         ]
         for i in range(WRITEBACK_SLOTS):
             m.d.comb += [status.writes[i].eq(slots[i]), status.writes[i].valid.eq(in_use[i])]
@@ -166,7 +165,7 @@ class Streamer(wiring.Component):
         # every cycle the streamer is free, whether it issues or not), each next one in the
         # cycle of the row before. ``read_addr`` is the row after the one of this cycle.
         m.d.comb += [self.spad.en.eq(1),
-                     self.spad.addr.eq(Mux(status.free, cmd.payload.spad.lo, read_addr))]
+                     self.spad.addr.eq(Mux(free, cmd.payload.spad.lo, read_addr))]
         m.d.sync += [
             read.eq(cmd.valid | (busy & ~last)),
             read_commit.eq(cmd.valid & self.commit.pending),
@@ -198,7 +197,7 @@ class Streamer(wiring.Component):
                     m.d.sync += [slots[i].acc.eq(cmd.payload.acc),
                                  slots[i].rows.eq(matmul.rows),
                                  slots[i].accumulate.eq(matmul.accumulate)]
-        with m.If(status.free):
+        with m.If(free):
             m.d.sync += [
                 spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo + 1),
                 last.eq(matmul.rows == 1), rows_after.eq(matmul.rows - 1),
@@ -206,6 +205,14 @@ class Streamer(wiring.Component):
                 n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
         m.d.sync += macs.eq(Mux(busy, k_used * n_used, 0))
+        # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
+        # free now and no MATMUL issues or one of one row does, or on the row before the last.
+        status_busy = status_copy(m, "stream_busy", busy, busy_next)
+        status_free = status_copy(m, "stream_free", free,
+                                  Mux(free, ~cmd.valid | (matmul.rows == 1), rows_after == 1),
+                                  init=1)
+        m.d.comb += [status.busy.eq(status_busy), status.free.eq(status_free),
+                     status.follows.eq(status_free)]
         m.d.comb += [
             self.act.valid.eq(arrive),
             self.act.payload.lanes.eq(self.spad.data[:8 * rows]),

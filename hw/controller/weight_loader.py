@@ -1,13 +1,13 @@
 """The weight loader: ``PRELOAD``, from the scratchpad's second read port into the array's
 shadow weights."""
 
-from amaranth.hdl import Assert, Module, Signal, signed
+from amaranth.hdl import Assert, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from .signatures import CommitSignature, RowRange, UnitSignature
+from .signatures import CommitSignature, RowRange, UnitSignature, status_copy
 
 
 __all__ = ["WeightLoader", "WeightStatus"]
@@ -61,7 +61,7 @@ class WeightLoader(wiring.Component):
         guard = Signal(range(rows + cols + 1))
         read = Signal()              # a row was read in the cycle before: here in the next
         arrive = Signal()
-        m.d.comb += [status.busy.eq(busy), status.spad.eq(spad), status.follows.eq(~busy),
+        m.d.comb += [status.spad.eq(spad), status.follows.eq(~busy),
                      self.commit.pending.eq(pending)]
 
         # While idle, the registers follow the instruction at the issue stage's head, so
@@ -90,6 +90,11 @@ class WeightLoader(wiring.Component):
                 m.d.sync += [busy.eq(0), pending.eq(1)]
         with m.If(self.commit.take):
             m.d.sync += pending.eq(0)
+        # The issue stage's copy of ``busy``: set as a PRELOAD issues (only while idle),
+        # cleared as the last row is read.
+        m.d.comb += status.busy.eq(status_copy(
+            m, "weights_busy", busy,
+            Mux(busy, ~(guard_zero & (count == rows - 1)), cmd.valid)))
         m.d.comb += [
             self.weight.valid.eq(arrive),
             self.weight.payload.eq(self.spad.data[:8 * cols]),
