@@ -321,3 +321,23 @@ def test_bus_write_error_on_store(resp):
     assert outcomes[0].written == {addr: 0 for row in (0, 2)
                                    for addr in range(0x4000 + 0x40 * row, 0x4008 + 0x40 * row)}
     assert_done(outcomes[1], f"{resp.name}: the next program")
+
+
+@pytest.mark.parametrize("target", [2, 3, 5])
+def test_store_over_the_program_refetches(target):
+    """A STORE that writes over instructions the fetcher already read: the fetcher refetches
+    from the pc after the store, so the new words run. The program loads an END's 16 bytes
+    into the accumulator (two rows of two INT32 lanes) and stores them over instruction
+    ``target``, an illegal opcode (0) that would end the program in ILLEGAL_OPCODE; the
+    instructions between are PRELOADs, which change nothing in DRAM."""
+    source = 0x1000
+    words = [load_acc(0, 2, 8, source, 8),
+             store(0, 2, 8, PROG_ADDR + target * INSTR_BYTES, 8)]
+    words += [preload(0)] * (target - len(words)) + [0, END]
+    replacement = END.to_bytes(INSTR_BYTES, "little")
+    seed = 0xC0F0 + target
+    (outcome,), model = run_jobs([Job(words, data=[(source, replacement)])], seed=seed)
+    assert_done(outcome, f"seed {seed}")
+    assert outcome.pc == target
+    assert outcome.written == {PROG_ADDR + target * INSTR_BYTES + i: byte
+                               for i, byte in enumerate(replacement)}

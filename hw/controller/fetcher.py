@@ -197,12 +197,25 @@ class Fetcher(wiring.Component):
             m.d.comb += word_in.eq(1)
             m.d.sync += [fetch_stop.eq(1), words.word.payload.bus_error.eq(1)]
 
-        # After a store over the program: drop what was fetched, read on from pc.
+        # After a store over the program: drop what was fetched, read on from pc. Where to
+        # and how much is made from pc a cycle ahead, in registers (pc's route from the issue
+        # stage and the subtraction were the 4x4's longest path): the issue stage issues
+        # nothing while ``refetch`` is high, and the store keeps ``store_busy`` high in the
+        # cycle after its issue, the one cycle in which pc differs from the cycle before
+        # (the issue stage's promise, asserted there).
+        refetch_addr = Signal(32)
+        refetch_left = Signal(32)
+        refetch_more = Signal()
+        refetch_full = Signal()
+        m.d.sync += [refetch_addr.eq(program_addr + control.pc * INSTR_BYTES),
+                     refetch_left.eq(program_len - control.pc),
+                     refetch_more.eq(program_len != control.pc),
+                     refetch_full.eq(program_len >= control.pc + FETCH_BURST)]
         with m.If(refetch & ~control.store_busy & ~reader_busy):
             m.d.comb += words.flush.eq(1)
-            m.d.sync += [refetch.eq(0), fetch_stop.eq(0),
-                         fetch_addr.eq(program_addr + control.pc * INSTR_BYTES)]
-            m.d.comb += fetch_left_next.eq(program_len - control.pc)
+            m.d.sync += [refetch.eq(0), fetch_stop.eq(0), fetch_addr.eq(refetch_addr),
+                         fetch_more.eq(refetch_more), fetch_full.eq(refetch_full)]
+            m.d.comb += fetch_left_next.eq(refetch_left)
 
         # (``fetch_more`` and ``fetch_full`` from the length itself, beside the other
         # choices: ``begin`` comes late in its cycle.)

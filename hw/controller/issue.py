@@ -308,6 +308,13 @@ class IssueStage(wiring.Component):
         # store issues only while running (begin is while not).
         m.d.sync += Assert(~(self.fetch.begin & self.fetch.store_issued),
                            "issue stage: a store in the cycle of begin")
+        # The fetcher refetches from pc as registered a cycle before: nothing issues while
+        # ``refetch`` is high, and in its first cycle, the one after the store's issue (pc
+        # moved), the store unit is busy.
+        pc_moved = Signal()
+        m.d.sync += pc_moved.eq(issue & ~kind.end)
+        m.d.sync += Assert(~(pc_moved & self.fetch.refetch & ~store.busy),
+                           "issue stage: the fetcher may refetch from a pc that just moved")
 
         # ------------------------------------------------------------ errors, stop
         # The earliest error in program order among the pending one and this cycle's: the
