@@ -15,7 +15,8 @@ from error_cases import CONFIG as TABLE_CONFIG
 from error_cases import (END, ERROR_PROGRAMS, load_acc, load_quant, load_spad, matmul, store,
                          store_q)
 from hw.config import FETCH_DEPTH
-from hw.controller.decoder import Decoder, Kind
+from hw.controller.decoder import Decoder
+from hw.controller.signatures import Kind
 from hw.isa import (ErrorCode, Instruction, Opcode, argument_layout, decode, encode,
                     opcode_of)
 from sim.amaranth_sim import run_simulation

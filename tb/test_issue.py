@@ -7,7 +7,7 @@ from amaranth.hdl import ResetInserter, Signal
 
 from controller_blocks import CONFIG, row_ranges, span
 from error_cases import END, load_acc, load_quant, load_spad, matmul, preload, store, store_q
-from hw.controller.decoder import KIND_OPCODES
+from hw.controller.signatures import KIND_OPCODES
 from hw.controller.issue import IssueStage
 from hw.isa import ErrorCode, Instruction, Opcode, decode
 from sim.amaranth_sim import run_simulation
@@ -36,7 +36,7 @@ def set_status(ctx, dut, **statuses):
 
 
 def decoded(word, *, check=0, bus_error=0, lo=0, hi=0):
-    """The :class:`~hw.controller.decoder.Decoded` payload of ``word``, with its row ranges
+    """The :class:`~hw.controller.signatures.Decoded` payload of ``word``, with its row ranges
     (:func:`row_ranges`)."""
     spad, acc = row_ranges(word)
     instr = Instruction.from_bits(word)
@@ -52,6 +52,7 @@ def set_head(ctx, dut, word, *, valid=1, **fields):
     ctx.set(dut.decoded.payload, decoded(word, **fields))
     ctx.set(dut.decoded.valid, valid)
     ctx.set(dut.next_head.load, 0)
+    ctx.set(dut.next_head.end_at_head, valid and word == END)
 
 
 async def start(ctx, dut, prog_addr=PROG_ADDR, prog_len=PROG_LEN):
@@ -504,3 +505,22 @@ def test_counters_clear_after_a_reset():
             await ctx.tick()
 
     run_simulation(ResetInserter(reset)(dut), testbench)
+
+
+def test_no_fetch_with_end_at_the_head():
+    """Fetching is enabled while the program runs, but not once END is at the head (the
+    decoder's flag), even while END waits for a unit: it is the program's last word."""
+    async def body(ctx, dut):
+        await start(ctx, dut)
+        await issue_preloads(ctx, dut, 2)
+        assert ctx.get(dut.fetch.enable) == 1
+        set_status(ctx, dut, load={"busy": 1})
+        set_head(ctx, dut, END)
+        for _ in range(3):
+            assert (ctx.get(dut.fetch.enable), ctx.get(dut.decoded.ready)) == (0, 0)
+            await ctx.tick()
+        set_status(ctx, dut)
+        assert ctx.get(dut.decoded.ready) == 1
+        await ctx.tick()
+        assert (ctx.get(dut.host.done), ctx.get(dut.fetch.enable)) == (1, 0)
+    simulate(body)

@@ -10,22 +10,10 @@ from ..config import FETCH_DEPTH
 from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
 from ..pe import dsp_pes, mult18x18d
 from .fetcher import WordsSignature
-from .signatures import RowRange
+from .signatures import KIND_OPCODES, Decoded, NextHeadSignature, RowRange
 
 
-__all__ = ["Decoder", "Decoded", "Kind", "KIND_OPCODES", "NextHeadSignature"]
-
-
-#: The opcodes of each :class:`Kind` flag: what the issue stage asks of an instruction.
-KIND_OPCODES = {
-    "end":        (Opcode.END,),
-    "load_spad":  (Opcode.LOAD_SPAD,),
-    "load_acc":   (Opcode.LOAD_ACC,),
-    "load_quant": (Opcode.LOAD_QUANT,),
-    "preload":    (Opcode.PRELOAD,),
-    "matmul":     (Opcode.MATMUL,),
-    "store":      (Opcode.STORE, Opcode.STORE_Q),
-}
+__all__ = ["Decoder"]
 
 
 class _CheckFlags(data.Struct):
@@ -35,34 +23,6 @@ class _CheckFlags(data.Struct):
     bad_length: 1
     spad_range: 1
     acc_range:  1
-
-
-class Kind(data.Struct):
-    """An instruction's opcode decoded before the queue (one flag of :data:`KIND_OPCODES`
-    at most), and ``faulty``: its fetch failed or its check did not pass. The issue stage's
-    decision then starts from these flip-flops, not from comparisons of the opcode."""
-    end:        1
-    load_spad:  1
-    load_acc:   1
-    load_quant: 1
-    preload:    1
-    matmul:     1
-    store:      1
-    faulty:     1
-
-
-class Decoded(data.Struct):
-    """A decoded instruction: the operand check's :class:`~hw.isa.ErrorCode` (0 when it
-    passes), the DRAM bytes ``[lo, hi)`` it touches (exact whenever the check passes, when
-    ``hi <= 2**32``), and whether its fetch failed instead."""
-    instr:     Instruction
-    lo:        32
-    hi:        33
-    spad:      RowRange   #: the scratchpad rows it touches
-    acc:       RowRange   #: the accumulator rows it touches
-    check:     8
-    bus_error: 1
-    kind:      Kind
 
 
 def _slices(*groups, widest=33):
@@ -87,13 +47,6 @@ def _slices(*groups, widest=33):
 #: stage decides from.
 HEAD_SLICES = _slices(("instr",), ("lo",), ("hi",), ("spad",), ("acc",),
                       ("check", "bus_error", "kind"))
-
-
-def NextHeadSignature():
-    """What the decoder's head register takes at the next edge: ``entry`` when ``load``
-    (else it keeps what it holds), so that the issue stage can compare the next head with
-    its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle."""
-    return wiring.Signature({"load": Out(1), "entry": Out(Decoded)})
 
 
 class Decoder(wiring.Component):
@@ -388,6 +341,19 @@ class Decoder(wiring.Component):
                 m.d.sync += front.as_value()[start:stop].eq(stored.as_value()[start:stop])
             with m.If(flush):
                 m.d.sync += [copy.eq(0), front_copy.eq(0)]
+        # END at the head, as the flags above: the issue stage stops fetching with it (the
+        # head's END flag through the issue stage and the fetcher's grant into the DMA
+        # reader's address registers was a long path).
+        end_at_head = Signal()
+        with m.If(ready):
+            m.d.sync += end_at_head.eq(0)
+        with m.If(front_copies[0] & (~copies[0] | ready)):
+            m.d.sync += end_at_head.eq(front.kind.end)
+        with m.If(flush):
+            m.d.sync += end_at_head.eq(0)
+        m.d.comb += self.next.end_at_head.eq(end_at_head)
+        m.d.sync += Assert(end_at_head == (copies[0] & head.kind.end),
+                           "decoder: end_at_head out of step")
         taken = front_copies[0] & (~copies[0] | ready)
         m.d.comb += queue.r_en.eq(~front_copies[0] | taken)
         with m.If(taken):

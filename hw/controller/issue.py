@@ -6,10 +6,10 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..isa import INSTR_BYTES, ErrorCode
-from .decoder import KIND_OPCODES, Decoded, NextHeadSignature
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
-from .signatures import Fault, HostLinkSignature, PerfCounters, UnitSignature
+from .signatures import (KIND_OPCODES, Decoded, Fault, HostLinkSignature,
+                         NextHeadSignature, PerfCounters, UnitSignature)
 from .store_unit import StoreStatus
 from .streamer import WRITEBACK_SLOTS, StreamStatus
 from .weight_loader import WeightStatus
@@ -291,8 +291,7 @@ class IssueStage(wiring.Component):
             # Not once END is at the head: it is the last word the program needs, and the
             # reader's command must not start in the cycle END issues. (From the head, not
             # from the issue: the decision to fetch does not wait for the hazard checks.)
-            self.fetch.enable.eq(running & ~stopping &
-                                 ~(self.decoded.valid & kind.end)),
+            self.fetch.enable.eq(running & ~stopping & ~self.next_head.end_at_head),
             self.fetch.halt.eq(halting),
             # Read in the cycle of begin: the copies of the host's registers as they are
             # latched.

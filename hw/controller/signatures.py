@@ -5,12 +5,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..dma import BlockCommand
-from ..isa import Instruction, QuantMode
+from ..isa import Instruction, Opcode, QuantMode
 
 
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
            "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
-           "status_copy"]
+           "status_copy", "KIND_OPCODES", "Kind", "Decoded", "NextHeadSignature"]
 
 
 class PerfCounters(data.Struct):
@@ -155,3 +155,52 @@ def CommitSignature():
         "pending": Out(1),
         "take":    In(1),
     })
+
+
+#: The opcodes of each :class:`Kind` flag: what the issue stage asks of an instruction.
+KIND_OPCODES = {
+    "end":        (Opcode.END,),
+    "load_spad":  (Opcode.LOAD_SPAD,),
+    "load_acc":   (Opcode.LOAD_ACC,),
+    "load_quant": (Opcode.LOAD_QUANT,),
+    "preload":    (Opcode.PRELOAD,),
+    "matmul":     (Opcode.MATMUL,),
+    "store":      (Opcode.STORE, Opcode.STORE_Q),
+}
+
+
+class Kind(data.Struct):
+    """An instruction's opcode decoded before the queue (one flag of :data:`KIND_OPCODES`
+    at most), and ``faulty``: its fetch failed or its check did not pass. The issue stage's
+    decision then starts from these flip-flops, not from comparisons of the opcode."""
+    end:        1
+    load_spad:  1
+    load_acc:   1
+    load_quant: 1
+    preload:    1
+    matmul:     1
+    store:      1
+    faulty:     1
+
+
+class Decoded(data.Struct):
+    """A decoded instruction: the operand check's :class:`~hw.isa.ErrorCode` (0 when it
+    passes), the DRAM bytes ``[lo, hi)`` it touches (exact whenever the check passes, when
+    ``hi <= 2**32``), and whether its fetch failed instead."""
+    instr:     Instruction
+    lo:        32
+    hi:        33
+    spad:      RowRange   #: the scratchpad rows it touches
+    acc:       RowRange   #: the accumulator rows it touches
+    check:     8
+    bus_error: 1
+    kind:      Kind
+
+
+def NextHeadSignature():
+    """What the decoder's head register takes at the next edge: ``entry`` when ``load``
+    (else it keeps what it holds), so that the issue stage can compare the next head with
+    its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle.
+    ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
+    flip-flop of its own beside the head's valid flags."""
+    return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "end_at_head": Out(1)})
