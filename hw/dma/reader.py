@@ -1,11 +1,12 @@
 """The DMA's reader: 2-D strided blocks from DRAM into rows, on the AXI4 read channels."""
 
 from amaranth.hdl import Assert, Cat, Const, Module, Signal
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axi import AXI4ReadSignature, Burst, Resp
 from .bursts import MAX_READS_OUTSTANDING, BlockCommand, ceil_div, geometry_for
+from .length_queue import LengthQueue
 
 
 __all__ = ["DMAReader"]
@@ -123,17 +124,16 @@ class DMAReader(wiring.Component):
             m.d.sync += [
                 r_rows_left.eq(r_start_rows),
                 *[r_offset.eq(r_start_offset) for r_offset in r_offsets],
-                r_burst_beat.eq(0), beat_is.eq(1),
+                beat_is.eq(1),
             ]
 
         # The arlen of every burst asked for and not yet received, oldest first, and whether
         # it ends its row: its depth bounds the reads outstanding. The data side ends a row
         # at the last beat asked of a burst that ends one, so its row end is an 8-bit
         # equality, not the row's beat count summed again from its offset and length.
-        m.submodules.read_lengths = lengths = fifo.SyncFIFO(width=9,
-                                                            depth=MAX_READS_OUTSTANDING)
-        head_len = lengths.r_data[:8]
-        head_ends_row = lengths.r_data[8]
+        lengths = LengthQueue(MAX_READS_OUTSTANDING)
+        head_len = lengths.head[:8]
+        head_ends_row = lengths.head[8]
 
         # Address side: walks the rows and their bursts, ahead of the data.
         ar_next_row = ar_row_addr + stride
@@ -174,8 +174,10 @@ class DMAReader(wiring.Component):
         r_fire = bus.rvalid & bus.rready
         m.d.sync += Assert(~r_start | ~(r_fire & lengths.r_rdy),
                            "the DMA reader took a beat in the cycle of its data side's start")
+        # Whether the beat that comes next is the last asked of the head's burst, in a
+        # flip-flop made from the next head and beat count (the queue's read and this
+        # comparison, before the row end's enables, were the 4x4's longest paths).
         asked_last = Signal()
-        m.d.comb += asked_last.eq(r_burst_beat == head_len)
         burst_end = r_fire & lengths.r_rdy & (bus.rlast | asked_last)
         m.d.comb += [
             # Never low: every beat is taken at once (see MAX_READS_OUTSTANDING), and a beat
@@ -183,10 +185,20 @@ class DMAReader(wiring.Component):
             bus.rready.eq(1),
             lengths.r_en.eq(burst_end),
         ]
+        beat_next = Signal.like(r_burst_beat)
+        m.d.comb += beat_next.eq(r_burst_beat)
         with m.If(r_fire & lengths.r_rdy):
-            m.d.sync += r_burst_beat.eq(r_burst_beat + 1)
+            m.d.comb += beat_next.eq(r_burst_beat + 1)
             with m.If(burst_end):
-                m.d.sync += r_burst_beat.eq(0)
+                m.d.comb += beat_next.eq(0)
+        m.d.sync += [r_burst_beat.eq(beat_next),
+                     asked_last.eq(beat_next == lengths.head_next[:8])]
+        m.d.sync += [
+            Assert(~lengths.r_rdy | (asked_last == (r_burst_beat == head_len)),
+                   "the DMA reader's asked_last out of step"),
+            # (Each burst's end clears the count, and a beat is counted only with a burst.)
+            Assert(lengths.r_rdy | (r_burst_beat == 0), "the DMA reader's beat count left over"),
+        ]
         with m.If(r_active & r_fire & (~lengths.r_rdy | (bus.rlast != asked_last))):
             m.d.sync += [r_abort.eq(1), r_error.eq(1)]
         drained = Signal()
@@ -252,4 +264,6 @@ class DMAReader(wiring.Component):
             self.done.eq((emit & emit_last) | drained),
             self.error.eq(r_error),
         ]
+        m.submodules.read_lengths = lengths
         return m
+

@@ -1,0 +1,46 @@
+"""The DMA reader's queue of the bursts it asked for: a first-in first-out queue whose oldest
+entry is a flip-flop."""
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+
+__all__ = ["LengthQueue"]
+
+
+class LengthQueue(wiring.Component):
+    """A first-in first-out queue of ``depth`` 9-bit entries whose oldest is a flip-flop
+    (``head``), with what it will hold after the edge (``head_next``): the entries shift
+    down as the oldest leaves, and one written goes to the first free place. As
+    :class:`amaranth.lib.fifo.SyncFIFO` (an entry written is readable in the next cycle),
+    but its head is not a read of distributed RAM. (No library queue has ``head_next``.)"""
+    def __init__(self, depth):
+        self.depth = depth
+        super().__init__({
+            "w_data": In(9), "w_en": In(1), "w_rdy": Out(1),
+            "head": Out(9), "head_next": Out(9), "r_en": In(1), "r_rdy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        depth = self.depth
+        entries = [Signal(9, name=f"entry_{i}", reset_less=True) for i in range(depth)]
+        level = Signal(range(depth + 1))
+        pop = self.r_en & self.r_rdy
+        push = self.w_en & self.w_rdy
+        nexts = []
+        for i, entry in enumerate(entries):
+            after = Signal(9, name=f"entry_{i}_next")
+            below = entries[i + 1] if i + 1 < depth else entry
+            m.d.comb += after.eq(Mux(pop, below, entry))
+            with m.If(push & (level - pop == i)):
+                m.d.comb += after.eq(self.w_data)
+            m.d.sync += entry.eq(after)
+            nexts.append(after)
+        m.d.sync += level.eq(level + push - pop)
+        m.d.comb += [
+            self.head.eq(entries[0]), self.head_next.eq(nexts[0]),
+            self.r_rdy.eq(level != 0), self.w_rdy.eq(level != depth),
+        ]
+        return m
