@@ -13,8 +13,9 @@ from sim.amaranth_sim import run_simulation
 @pytest.mark.parametrize("depth, push_probability, seed", [
     (8, 0.5, 0x1E0), (8, 0.8, 0x1E1), (2, 0.5, 0x1E2), (1, 0.6, 0x1E3)])
 def test_against_a_deque(depth, push_probability, seed):
-    """In every cycle: ``r_rdy``, ``w_rdy`` and ``head`` as the deque's, and ``head_next``
-    the deque's head after the cycle's pop and push (when it is not empty then)."""
+    """In every cycle: ``r_rdy``, ``w_rdy`` and ``head`` as the deque's, and ``r_rdy_next``
+    and ``head_next`` as the deque after the cycle's pop and push (the head when it is not
+    empty then)."""
     rng = np.random.default_rng(seed)
     dut = LengthQueue(depth)
     model = deque()
@@ -37,6 +38,7 @@ def test_against_a_deque(depth, push_probability, seed):
                 model.popleft()
             if push and room:
                 model.append(value)
+            assert ctx.get(dut.r_rdy_next) == bool(model), context
             if model:
                 assert ctx.get(dut.head_next) == model[0], context
             await ctx.tick()

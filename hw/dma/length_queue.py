@@ -1,7 +1,7 @@
 """The DMA reader's queue of the bursts it asked for: a first-in first-out queue whose oldest
 entry is a flip-flop."""
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Assert, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -11,15 +11,17 @@ __all__ = ["LengthQueue"]
 
 class LengthQueue(wiring.Component):
     """A first-in first-out queue of ``depth`` 9-bit entries whose oldest is a flip-flop
-    (``head``), with what it will hold after the edge (``head_next``): the entries shift
-    down as the oldest leaves, and one written goes to the first free place. As
-    :class:`amaranth.lib.fifo.SyncFIFO` (an entry written is readable in the next cycle),
-    but its head is not a read of distributed RAM. (No library queue has ``head_next``.)"""
+    (``head``), with what it will hold after the edge (``head_next``, and ``r_rdy_next``):
+    the entries shift down as the oldest leaves, and one written goes to the first free
+    place. As :class:`amaranth.lib.fifo.SyncFIFO` (an entry written is readable in the next
+    cycle), but its head is not a read of distributed RAM and its flags are flip-flops. (No
+    library queue has ``head_next``.)"""
     def __init__(self, depth):
         self.depth = depth
         super().__init__({
             "w_data": In(9), "w_en": In(1), "w_rdy": Out(1),
             "head": Out(9), "head_next": Out(9), "r_en": In(1), "r_rdy": Out(1),
+            "r_rdy_next": Out(1),
         })
 
     def elaborate(self, platform):
@@ -38,9 +40,18 @@ class LengthQueue(wiring.Component):
                 m.d.comb += after.eq(self.w_data)
             m.d.sync += entry.eq(after)
             nexts.append(after)
-        m.d.sync += level.eq(level + push - pop)
+        # Not empty and not full, in flip-flops beside the level (their users are the
+        # reader's beat enables and its address valid).
+        level_next = Signal.like(level)
+        nonempty = Signal()
+        room = Signal(init=1)
+        m.d.comb += level_next.eq(level + push - pop)
+        m.d.sync += [level.eq(level_next), nonempty.eq(level_next != 0),
+                     room.eq(level_next != depth)]
         m.d.comb += [
             self.head.eq(entries[0]), self.head_next.eq(nexts[0]),
-            self.r_rdy.eq(level != 0), self.w_rdy.eq(level != depth),
+            self.r_rdy.eq(nonempty), self.r_rdy_next.eq(level_next != 0), self.w_rdy.eq(room),
         ]
+        m.d.sync += Assert((nonempty == (level != 0)) & (room == (level != depth)),
+                           "length queue: flags out of step with the level")
         return m

@@ -191,8 +191,14 @@ class DMAReader(wiring.Component):
             m.d.comb += beat_next.eq(r_burst_beat + 1)
             with m.If(burst_end):
                 m.d.comb += beat_next.eq(0)
+        # And whether that beat ends a row (with a burst to frame it), for the row's end.
+        row_end = Signal()
         m.d.sync += [r_burst_beat.eq(beat_next),
-                     asked_last.eq(beat_next == lengths.head_next[:8])]
+                     asked_last.eq(beat_next == lengths.head_next[:8]),
+                     row_end.eq(lengths.r_rdy_next & (beat_next == lengths.head_next[:8]) &
+                                lengths.head_next[8])]
+        m.d.sync += Assert(row_end == (lengths.r_rdy & asked_last & head_ends_row),
+                           "the DMA reader's row_end out of step")
         m.d.sync += [
             Assert(~lengths.r_rdy | (asked_last == (r_burst_beat == head_len)),
                    "the DMA reader's asked_last out of step"),
@@ -247,7 +253,7 @@ class DMAReader(wiring.Component):
             with m.If((bus.rresp == Resp.SLVERR) | (bus.rresp == Resp.DECERR)):
                 m.d.sync += r_error.eq(1)
             m.d.sync += beat_is.eq(beat_is << 1)
-            with m.If(asked_last & head_ends_row):
+            with m.If(row_end):
                 m.d.sync += [
                     emit.eq(1),
                     emit_last.eq(r_rows_left == 1),
