@@ -78,6 +78,9 @@ class LoadUnit(wiring.Component):
         stride = Signal(32, reset_less=True)
         pc = Signal(32, reset_less=True)
         count = Signal(17, reset_less=True)
+        # ``local + count`` in a flip-flop of its own, the accumulator row written now: the
+        # sum reached the issue stage's hazard flags (through the streamer's write port).
+        row_addr = Signal(16, reset_less=True)
         zero_point = Signal(signed(15), reset_less=True)
         mode = Signal(QuantMode, reset_less=True)
         act_min = Signal(signed(8), reset_less=True)
@@ -107,7 +110,7 @@ class LoadUnit(wiring.Component):
             m.d.sync += [sent.eq(0), op_spad.eq(issued.opcode == Opcode.LOAD_SPAD),
                          op_acc.eq(issued.opcode == Opcode.LOAD_ACC),
                          op_quant.eq(issued.opcode == Opcode.LOAD_QUANT), pc.eq(cmd.payload.pc),
-                         count.eq(0), spad.eq(cmd.payload.spad)]
+                         count.eq(0), spad.eq(cmd.payload.spad), row_addr.eq(local)]
             with m.If(issued.opcode == Opcode.LOAD_QUANT):
                 quant = issued.args.quant
                 m.d.sync += [
@@ -118,7 +121,7 @@ class LoadUnit(wiring.Component):
             with m.Else():
                 load = issued.args.load
                 m.d.sync += [
-                    local.eq(load.local_addr), rows.eq(load.rows),
+                    local.eq(load.local_addr), row_addr.eq(load.local_addr), rows.eq(load.rows),
                     row_bytes.eq(load.row_bytes), addr.eq(load.dram_addr),
                     stride.eq(load.dram_stride),
                 ]
@@ -134,7 +137,8 @@ class LoadUnit(wiring.Component):
             m.d.sync += sent.eq(1)
 
         with m.If(reader.row.valid):
-            m.d.sync += count.eq(count + 1)
+            m.d.sync += [count.eq(count + 1), row_addr.eq(row_addr + 1)]
+        m.d.sync += Assert(row_addr == (local + count)[:16], "load unit: row_addr out of step")
         # LOAD_QUANT's two rows, multipliers then shifts, pass through a register (``row``,
         # no enable: the reader's row flip-flops sit by the memories, the stages by the
         # requantizer's lanes, and a route between them was a long path) and then through
@@ -162,7 +166,7 @@ class LoadUnit(wiring.Component):
             self.spad.en.eq(reader.row.valid & op_spad),
         ]
         m.d.comb += [
-            self.acc.addr.eq(local + count),
+            self.acc.addr.eq(row_addr),
             self.acc.data.eq(reader.row.payload),
             self.acc.accumulate.eq(0),
             self.acc.en.eq(reader.row.valid & op_acc),
