@@ -108,6 +108,7 @@ class IssueStage(wiring.Component):
                                            bad_program(prog_addr_seen, prog_len_seen))),
                            "issue stage: a program register changed in the cycle of a start")
         start = Signal()
+        begin = Signal()             # ~running & start, from a flip-flop (see below)
         m.d.comb += [
             start.eq(start_seen & ~halting),
             self.soft_reset_pending.eq(halting),
@@ -287,7 +288,7 @@ class IssueStage(wiring.Component):
         m.d.sync += perf.useful_macs.eq(perf.useful_macs + stream_.macs)
 
         m.d.comb += [
-            self.fetch.begin.eq(~running & start),
+            self.fetch.begin.eq(begin),
             # Not once END is at the head: it is the last word the program needs, and the
             # reader's command must not start in the cycle END issues. (From the head, not
             # from the issue: the decision to fetch does not wait for the hazard checks.)
@@ -361,7 +362,15 @@ class IssueStage(wiring.Component):
             ]
 
         # ------------------------------------------------------------ start
-        with m.If(~running & start):
+        # ``begin`` (not running, a start) from a flip-flop: it restarts the fetcher and the
+        # decoder's queue (some 200 flip-flops), and ``running``'s routes to them were the
+        # 8x8's longest paths. Loaded with its next value: a start seen in the next cycle,
+        # no soft reset pending then, and not running then (not now, or this cycle's END or
+        # stop ends the run: no start follows a start within four cycles, HostLinkSignature).
+        running_next = running & ~(issue & kind.end) & ~(stopping & all_idle)
+        m.d.sync += begin.eq(host.start & ~halting & ~host.soft_reset & ~running_next)
+        m.d.sync += Assert(begin == (~running & start), "issue stage: begin out of step")
+        with m.If(begin):
             m.d.sync += [
                 host.done.eq(0), host.error.eq(0), host.error_code.eq(0),
                 host.error_pc.eq(0), host.pc.eq(0), at_prog_end.eq(prog_len_seen == 0),
