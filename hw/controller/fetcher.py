@@ -112,9 +112,14 @@ class Fetcher(wiring.Component):
         fetch_left_next = Signal(32)
         fetch_more = Signal()        # fetch_left != 0
         fetch_full = Signal()        # fetch_left >= FETCH_BURST
+        # Its flags are set beside each change of the count, from what it changes from (a
+        # word in: fetch_left != 1; the subtraction then the comparisons, after the reader's
+        # row, were a long path); asserted.
         m.d.comb += fetch_left_next.eq(fetch_left)
-        m.d.sync += [fetch_left.eq(fetch_left_next), fetch_more.eq(fetch_left_next != 0),
-                     fetch_full.eq(fetch_left_next >= FETCH_BURST)]
+        m.d.sync += fetch_left.eq(fetch_left_next)
+        m.d.sync += Assert((fetch_more == (fetch_left != 0)) &
+                           (fetch_full == (fetch_left >= FETCH_BURST)),
+                           "fetcher: the fetch count's flags out of step")
         fetch_stop = Signal()        # a fetch failed: the queue ends in its error entry
         refetch = Signal()           # a store over the program: refetch after it
         reader_busy = Signal()
@@ -192,7 +197,9 @@ class Fetcher(wiring.Component):
         with m.If(fetching & reader.row.valid):
             m.d.comb += word_in.eq(1)
             m.d.comb += fetch_left_next.eq(fetch_left - 1)
-            m.d.sync += fetch_addr.eq(fetch_addr + INSTR_BYTES)
+            m.d.sync += [fetch_addr.eq(fetch_addr + INSTR_BYTES),
+                         fetch_more.eq(fetch_left != 1),
+                         fetch_full.eq(fetch_left >= FETCH_BURST + 1)]
         with m.If(fetching & reader.done & reader.error):
             m.d.comb += word_in.eq(1)
             m.d.sync += [fetch_stop.eq(1), words.word.payload.bus_error.eq(1)]

@@ -194,13 +194,12 @@ class LoadUnit(wiring.Component):
         # goes to the store unit from there, a cycle after the check (a STORE_Q issued after
         # the load reads it much later), so that no comparison drives the enable of the store
         # unit's state register.
+        # (From the operands' registers, which hold them from the issue on: the check comes
+        # cycles later. From the head, the comparisons were a long path.)
         operands_bad = Signal()
-        with m.If(~busy):
-            quant = issued.args.quant
-            high = quant.zero_point[7:]
-            m.d.sync += operands_bad.eq(
-                (high != 0) & (high != (1 << len(high)) - 1) |
-                (quant.act_min > quant.act_max))
+        high = zero_point[7:]
+        m.d.sync += operands_bad.eq((high != 0) & (high != (1 << len(high)) - 1) |
+                                    (act_min > act_max))
         checked_shifts, checked_multipliers = row, staged_shifts    # see ``row`` above
         shift_out_of_range = Cat(*[
             ((lane[5:] != 0) & (lane[5:] != (1 << 27) - 1)) | (lane[:6] == 0b100000)
