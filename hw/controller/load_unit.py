@@ -177,6 +177,7 @@ class LoadUnit(wiring.Component):
         read_failed = Signal()
         m.d.sync += read_failed.eq(0)
         with m.If(read_failed):
+            m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_READ)]
             m.d.sync += busy.eq(0)
         with m.If(reader.done):
             with m.If(reader.error):
@@ -217,21 +218,10 @@ class LoadUnit(wiring.Component):
             m.d.sync += [check.eq(0), judged.eq(1), rejected.eq(operands_bad | bad_rows)]
         with m.If(judged):
             m.d.sync += busy.eq(0)
-            with m.If(~rejected):
+            with m.If(rejected):
+                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
+            with m.Else():
                 m.d.sync += deliver.eq(1)
-        # The fault (a failed read, or the verdict against the state), in flip-flops of its
-        # own loaded with the flags above: ``judged & rejected`` through the error arbiter
-        # into its stop registers was the 8x8's longest path.
-        fault_valid = Signal()
-        fault_code = Signal.like(fault.code)
-        m.d.sync += fault_valid.eq(0)
-        with m.If(reader.done & reader.error):
-            m.d.sync += [fault_valid.eq(1), fault_code.eq(ErrorCode.BUS_READ)]
-        with m.If(check & (operands_bad | bad_rows)):
-            m.d.sync += [fault_valid.eq(1), fault_code.eq(ErrorCode.QUANT)]
-        m.d.comb += [fault.valid.eq(fault_valid), fault.code.eq(fault_code)]
-        m.d.sync += Assert(fault_valid == (read_failed | (judged & rejected)),
-                           "load unit: the fault's flag out of step")
         # The issue stage's copies of ``busy`` and the kinds it asks about (``status_copy``):
         # set as a load issues (only while idle), cleared by the ends above.
         ends = read_failed | (reader.done & ~reader.error & ~op_quant) | judged
