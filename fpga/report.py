@@ -439,29 +439,35 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   pipeline with forwarding, the requantizer registers its input and each of its ten stages
   holds at most one wide shift, multiply, add or clamp (no logic beside the routes into and
   out of its DSPs; one set of lanes for both modes), `STORE_Q` streams its rows, the issue
-  stage compares a cycle ahead from flip-flops (decoded kinds, registered unit statuses),
-  faults reach the error arbiter from flip-flops, and no reset reaches a data register
+  stage compares a cycle ahead from flip-flops (decoded kinds, registered unit statuses,
+  copies of the units' busy flags that serve it alone, END at the head from the decoder's
+  own flip-flop), faults reach the error arbiter from flip-flops, the fetcher keeps the
+  program and makes its refetch from registers, and no reset reaches a data register
   that a valid flag qualifies (the core reset, registered once per block of the
   controller, per PE row of the array and once each for the DMA and the accumulator, and
   per lane, a cycle late, for the store unit's requantization state, reaches only state).
   The DMA writer takes each row into a one-row buffer, shifted onto its beats as it
   enters, each word of the beats under its own copies of the writer's state, and the
-  reader ends a row at a flag queued with its last burst, its offset copied per byte lane;
+  reader ends a row at a flag queued with its last burst (the queue's oldest entry a
+  flip-flop, the row's end made a cycle ahead), its offset copied per byte lane;
   the requantizer's lanes copy their parameters, the store unit its row selects, the load
   unit its staging enable, and the decoder's head and front registers load in nine slices
-  under copies of their valid flags. What is left is mostly wire: 1,800 to 2,200 (4x4)
-  and 3,100 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), the worst by 3.9
-  (4x4) and 4.7 ns (8x8), most groups by 2 to 4 ns: paths of four to eight routes of 1 to
-  5 ns between blocks the placer puts far apart (the DSP and block RAM columns spread the
-  design over the die), with a few LUTs or a carry chain between them, some twenty
-  groups within 1 ns of the worst, so that which one a placement stretches decides the figure. The largest groups
-  (docs/fpga-timing.md has the latest list): the issue decision (from the units'
-  registered statuses through the hazard terms) into the decoder's slice flags, the
-  performance counters and the weight loader; the DMA reader's row end from its
-  burst-length queue; the host's program registers into the first fetch; the
-  requantizer's first stages. Each needs a register at a block boundary or a copy per
-  lane, and the issue decision a cycle of its own (an issue stage pipelined one
-  instruction ahead), or the blocks kept together on the die.
+  under copies of their valid flags. What is left is mostly wire: 1,400 (4x4) and 1,800
+  to 2,400 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), the worst by 3.7
+  to 4.1 (4x4) and 3.8 to 4.1 ns (8x8), most groups by 2 to 4 ns: paths of four to eight
+  routes of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
+  columns spread the design over the die), with a few LUTs or a carry chain between them,
+  some twenty groups within 1 ns of the worst, so that which one a placement stretches
+  decides the figure (two seeds of one netlist have differed by 11 MHz on the 4x4 and 27
+  on the 8x8, whose router sometimes clears its last overused wires only by detours). The
+  largest groups (docs/fpga-timing.md has the latest list): the requantizer's stages (its
+  shifter and masks, its input into the first, its result into the `STORE_Q` queue), the
+  accumulator's sum, the streamer's row count, the issue decision into the decoder's head
+  and front registers, the weight loader and the performance counters, the DMA reader's
+  address registers from the fetcher's grant, and the array's results into the issue
+  stage's hazard flags. Each needs a register at a block boundary or a copy per lane, and
+  the issue decision a cycle of its own (an issue stage pipelined one instruction ahead),
+  or the blocks kept together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
