@@ -462,7 +462,7 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   on the 8x8, whose router sometimes clears its last overused wires only by detours). The
   largest groups (docs/fpga-timing.md has the latest list): the requantizer's stages (its
   shifter and masks, its input into the first, its result into the `STORE_Q` queue), the
-  accumulator's sum, the streamer's row count, the issue decision into the decoder's head
+  accumulator's sum, the streamer's writeback slots, the issue decision into the decoder's head
   and front registers, the weight loader and the performance counters, the DMA reader's
   address registers from the fetcher's grant, and the array's results into the issue
   stage's hazard flags. Each needs a register at a block boundary or a copy per lane, and
