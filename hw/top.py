@@ -18,8 +18,8 @@ from .scratchpad import Scratchpad
 from .systolic import SystolicArray
 
 
-__all__ = ["NPU", "convert", "enforce_assertions", "generate_verilog", "reader_row_bytes",
-           "top_ports"]
+__all__ = ["ASSERTION_FAILED", "NPU", "convert", "enforce_assertions", "generate_verilog",
+           "reader_row_bytes", "top_ports"]
 
 
 def reader_row_bytes(config):
@@ -164,11 +164,30 @@ def convert(component, *, name, emit_src=False, **kwargs):
 
 
 # Yosys writes an Amaranth ``Assert`` as ``if (!c) $write(message); assert (c);`` in a clocked
-# block: an immediate assertion of SystemVerilog, which Verilog-2005 tools (Icarus in that
-# mode) do not know and Verilator checks only with --assert. The message's ``$write``, if
-# any, goes with it.
-_ASSERTION = re.compile(r"^((\s*)if \(!.*\)\n\s*\$write\(.*\);\n)?(\s*)assert \((.*)\);$",
-                        re.MULTILINE)
+# block, inside ``if (1'h1) begin ... end`` when the assertion is not under an ``If``: an
+# immediate assertion of SystemVerilog, which Verilog-2005 tools (Icarus in that mode) do not
+# know and Verilator checks only with --assert. The message's ``$write``, if any, and the
+# always-true ``if`` around them go with it.
+_ASSERTION = re.compile(r"^(?P<open>(?P<outer>\s*)if \(1'h1\) begin\n)?"
+                        r"(?P<message>\s*if \(!.*\)\n\s*\$write\(.*\);\n)?"
+                        r"(?P<indent>\s*)assert \((?P<condition>.*)\);"
+                        r"(?(open)\n(?P=outer)end)$", re.MULTILINE)
+
+#: What a failing assertion prints (then the simulation stops).
+ASSERTION_FAILED = " -- assertion failed at"
+
+
+def _assertion_check(match):
+    indent, outer = match["indent"], match["outer"] or match["indent"]
+    check = (f"{indent}`ifndef SYNTHESIS\n{match['message'] or ''}"
+             f"{indent}if (!({match['condition']})) begin $display(\"{ASSERTION_FAILED} %0t\", "
+             f"$time); $finish; end\n"
+             f"{indent}`endif")
+    if match["open"]:
+        check = f"{match['open']}{check}\n{outer}end"
+    # Only a broken design takes these branches: they are no coverage points (the mutant
+    # tests show each kind fires).
+    return f"{outer}/* verilator coverage_off */\n{check}\n{outer}/* verilator coverage_on */"
 
 
 def enforce_assertions(text):
@@ -176,12 +195,9 @@ def enforce_assertions(text):
     simulator runs: when it fails, the simulation prints its message, the time and stops
     (``$finish``). Synthesis (which defines ``SYNTHESIS``) leaves all of it out, message
     included: a ``$write`` left to Yosys is a ``$print`` cell, which keeps the assertion's
-    logic in the netlist."""
-    return _ASSERTION.sub(
-        "\\3`ifndef SYNTHESIS\n\\1"
-        '\\3if (!(\\4)) begin $display(" -- assertion failed at %0t", $time); $finish; end\n'
-        "\\3`endif",
-        text)
+    logic in the netlist. Verilator's line coverage leaves the check and the always-true
+    ``if`` around it out (``coverage_off``): they are false by construction."""
+    return _ASSERTION.sub(_assertion_check, text)
 
 
 def generate_verilog(config, *, name="npu_top"):

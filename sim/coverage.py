@@ -27,8 +27,9 @@ and any instance that has it.
 
 Line coverage counts Verilator's ``line`` and ``branch`` points (a process, each ``if`` and
 ``else``, each case item, each arm of a ``? :``), without Yosys's ``if ($auto$...) begin end``
-at the top of every combinational process, false by construction. Toggle coverage counts the
-bits of named signals that went both 0 -> 1 and 1 -> 0, without Yosys's temporaries
+at the top of every combinational process, false by construction; the assertion checks
+(:func:`hw.top.enforce_assertions`) are no points at all (``coverage_off``). Toggle coverage
+counts the bits of named signals that went both 0 -> 1 and 1 -> 0, without Yosys's temporaries
 (``$123``) and the field and element views of a signal (``fetched.args.load``, ``acc[0]``),
 whose bits are a named signal's.
 
@@ -76,15 +77,6 @@ _LONG_ROWS = (
     "3,000 random cases and the edges per bus width)."
 )
 
-_ASSERTION_FIRES = (
-    "an assertion's failure (`Assert` in the gateware, written as a Verilog-2005 check by "
-    "`hw.top.enforce_assertions`; Yosys adds an always-true `if (1'h1)` around it): only a "
-    "broken design reaches it. The mutant tests show it fires: `tb/test_fetcher.py::"
-    "test_queue_overflow_assert_fires`, `tb/test_streamer.py::"
-    "test_load_acc_meets_result_assert_fires` and the formal mutant "
-    "`fetcher_queue_high_water_plus_one`."
-)
-
 #: Uncovered points that need no test: ``(block, pattern, reason)``; the pattern is a regular
 #: expression searched in the point's description (as the report prints it).
 WAIVERS = [
@@ -101,12 +93,6 @@ WAIVERS = [
      "whenever the fetcher sees it idle (`hw/dma/reader.py`), so in the NPU no offer waits. "
      "The stream's rule is kept all the same, covered by `tb/test_fetcher.py::"
      "test_offered_command_holds_until_taken` (a reader that refuses for a while)."),
-    ("npu.controller.fetcher",
-     r"^\?: (else of 1'h1|if|if !<hw/controller/fetcher\.py:\d+>)$",
-     _ASSERTION_FIRES),
-    ("npu.controller.streamer",
-     r"^\?: (else of 1'h1|if|if !<hw/controller/streamer\.py:\d+>)$",
-     _ASSERTION_FIRES),
     ("npu.dma.reader",
      r"^(ar_active: (else of <hw/dma/reader\.py:\d+>; if <hw/dma/reader\.py:\d+>|"
      r"if <hw/dma/reader\.py:\d+>; if r_abort)|r_active: if drained)$",

@@ -1,11 +1,13 @@
 """Unit tests of :mod:`sim.coverage`: reading Verilator's coverage files, naming a point by
-what it means in the gateware, and grouping the points by block. Hand-written samples, no
-simulator."""
+what it means in the gateware, and grouping the points by block. Hand-written samples; one
+test builds a small module with Verilator to show that the assertion checks are no points."""
 
 import re
+import subprocess
 
 import pytest
 
+from hw.top import enforce_assertions
 from sim.coverage import (BEGIN, END, VerilogModel, analyse, annotate, block_of, parse_dat,
                           read_dats, replace_section, report, write_dat)
 
@@ -296,3 +298,113 @@ def test_report_lists_the_points_of_one_reason_under_it():
     assert lines[index + 1].startswith("  * `busy_*: if <hw/host.py:30>; kind = BUSY [case]`")
     assert lines[index + 2].startswith("  * `busy_*: if <hw/host.py:30>; kind = IDLE [case]`")
     assert lines[index + 3].startswith("  * `picked: false arm of busy_* ? data : 8'h00`")
+
+
+# Two assertions as Yosys writes them: one at the top of a clocked block (inside an always-true
+# `if`), one under an `If` of the gateware.
+ASSERTIONS = r"""  always @(posedge clk) begin
+    if (1'h1) begin
+      if (!\$5 )
+        $write("queue: overflow");
+      assert (\$5 );
+    end
+    if (\$7 ) begin
+      assert (\$6 );
+    end
+    \$8  = 1'h1;
+  end
+"""
+
+
+def test_assertion_checks_stop_the_simulation_and_are_no_coverage_points():
+    assert enforce_assertions(ASSERTIONS) == r"""  always @(posedge clk) begin
+    /* verilator coverage_off */
+    if (1'h1) begin
+      `ifndef SYNTHESIS
+      if (!\$5 )
+        $write("queue: overflow");
+      if (!(\$5 )) begin $display(" -- assertion failed at %0t", $time); $finish; end
+      `endif
+    end
+    /* verilator coverage_on */
+    if (\$7 ) begin
+      /* verilator coverage_off */
+      `ifndef SYNTHESIS
+      if (!(\$6 )) begin $display(" -- assertion failed at %0t", $time); $finish; end
+      `endif
+      /* verilator coverage_on */
+    end
+    \$8  = 1'h1;
+  end
+"""
+
+
+def test_model_reads_through_the_assertion_checks():
+    """The pragma lines change no point's name: each line is described as it is without
+    them."""
+    checked = "module \\npu.host (clk);\n" + enforce_assertions(ASSERTIONS) + "endmodule\n"
+    plain = "".join(line for line in checked.splitlines(keepends=True)
+                    if "verilator coverage_" not in line)
+    numbers = [number for number, line in enumerate(checked.splitlines(), 1)
+               if "verilator coverage_" not in line]
+    described = {}
+    for model, lines in ((VerilogModel(checked), numbers),
+                         (VerilogModel(plain), range(1, len(numbers) + 1))):
+        described[model] = [model.describe(line, comment) for line in lines
+                            for comment in ("if", "else", "block")]
+    with_pragmas, without = described.values()
+    assert with_pragmas == without
+    assert "$8: else of $tmp" in without      # the `if` under the gateware's condition
+
+
+# What a failing check's branches look like in a coverage file: `if` points on its lines.
+def _verilate(tmp_path, text, *, fails_at=0xf):
+    """Build and run ``text`` in a small module with line coverage: the assertion ``$5`` fails
+    when the count reaches ``fails_at``, the run ends at 9. The run's output and its branch
+    points in ``text``'s module."""
+    from sim.toolchain import setup_verilator
+    setup_verilator()
+    tmp_path.mkdir()
+    source = tmp_path / "t.v"
+    source.write_text("module t(input clk);\n  reg [3:0] count = 0;\n  reg \\$5 , \\$6 , \\$7 , "
+                      f"\\$8 ;\n  always @* begin \\$5  = count != 4'h{fails_at:x}; \\$6  = 1'h1; "
+                      "\\$7  = count[0]; end\n" + text + "  always @(posedge clk) begin\n"
+                      "    count <= count + 1;\n    if (count == 4'h9) $finish;\n  end\nendmodule\n"
+                      "module top;\n  reg clk = 0;\n  always #1 clk = ~clk;\n  t u(.clk(clk));\n"
+                      "endmodule\n")
+    subprocess.run(["verilator", "--binary", "--coverage-line", "--top-module", "top",
+                    "-CFLAGS", "-fcoroutines", "-Mdir", str(tmp_path / "obj"), "-o", "sim",
+                    str(source)], check=True, capture_output=True, cwd=tmp_path)
+    run = subprocess.run([str(tmp_path / "obj" / "sim")], check=True, capture_output=True,
+                         text=True, cwd=tmp_path)
+    points = parse_dat((tmp_path / "coverage.dat").read_text())
+    return run.stdout, sorted((int(point["l"]), point["o"]) for point in points
+                              if point["h"] == "top.u" and point["t"] == "branch")
+
+
+def test_verilator_counts_no_point_in_an_assertion_check(tmp_path):
+    checked = enforce_assertions(ASSERTIONS)
+    lines = checked.splitlines()
+    output, points = _verilate(tmp_path / "checked", checked)
+    assert "assertion failed" not in output
+    # The `if` around the second check is a point (its condition is the gateware's); nothing
+    # between coverage_off and coverage_on is.
+    first = 5                               # the module's four lines, then ASSERTIONS
+    enabled = first + next(i for i, line in enumerate(lines) if r"if (\$7 )" in line)
+    assert [line for line, _ in points
+            if first <= line < first + len(lines)] == [enabled, enabled]
+    # The same checks without the pragmas: Verilator counts their branches.
+    bare = checked.replace("/* verilator coverage_off */", "").replace(
+        "/* verilator coverage_on */", "")
+    assert len(_verilate(tmp_path / "bare", bare)[1]) > len(points)
+
+
+def test_verilator_stops_at_a_failing_assertion_check(tmp_path):
+    checked = enforce_assertions(ASSERTIONS)
+    output, _ = _verilate(tmp_path / "failing", checked, fails_at=3)
+    # The count is 3 in the fourth cycle: the check prints the message and the time, and
+    # stops the run there, not at the run's own end (at 9).
+    assert "queue: overflow -- assertion failed at 7" in output
+    check = 5 + next(i for i, line in enumerate(checked.splitlines())
+                     if "assertion failed" in line)
+    assert f"t.v:{check}: Verilog $finish" in output
