@@ -187,7 +187,7 @@ class LoadUnit(wiring.Component):
             with m.Else():
                 m.d.sync += busy.eq(0)
 
-        # The operands are checked as the instruction issues: a zero point within
+        # The operands are checked from their registers (below): a zero point within
         # -128 .. 127 has bits 7 and up all equal to its sign. The rows are checked bit by bit:
         # a shift is within -31 .. 31 when bits 5 and up all equal its sign and it is not
         # -32; in float mode row 1 is reserved (all zero) and no scale of row 0 has an

@@ -193,10 +193,10 @@ class DMAReader(wiring.Component):
                 m.d.comb += beat_next.eq(0)
         # And whether that beat ends a row (with a burst to frame it), for the row's end.
         row_end = Signal()
+        last_next = beat_next == lengths.head_next[:8]
         m.d.sync += [r_burst_beat.eq(beat_next),
-                     asked_last.eq(beat_next == lengths.head_next[:8]),
-                     row_end.eq(lengths.r_rdy_next & (beat_next == lengths.head_next[:8]) &
-                                lengths.head_next[8])]
+                     asked_last.eq(last_next),
+                     row_end.eq(lengths.r_rdy_next & last_next & lengths.head_next[8])]
         m.d.sync += Assert(row_end == (lengths.r_rdy & asked_last & head_ends_row),
                            "the DMA reader's row_end out of step")
         m.d.sync += [
@@ -272,4 +272,3 @@ class DMAReader(wiring.Component):
         ]
         m.submodules.read_lengths = lengths
         return m
-
