@@ -104,6 +104,42 @@ WAIVERS = [
      _LONG_ROWS),
     ("npu.dma.writer", r"^wr_\w+: else of wr_burst_last; else of wr_burst_to_4k$",
      _LONG_ROWS),
+    ("npu.dma.writer",
+     r"^\w+: writer_state = 3'h3; if bus__wready; if bus__wlast; else of w_more_bursts; "
+     r"else of w_final_row; else of next_valid$",
+     "a row's last beat (not the command's last row) with the writer's row buffer still "
+     "empty, so that the writer waits in `ROW` for the next row: the store unit has it in "
+     "the buffer by then. `STORE` hands a row over every two cycles (`READ`, `ROW`), the "
+     "writer takes at least two a row (`ADDRESS`, then a beat on W), and the next row goes "
+     "into the buffer in the cycle the row's address is taken, so it is there for the "
+     "row's first beat (`hw/controller/store_unit.py`); `STORE_Q` hands over a row in "
+     "every cycle from a queue that holds every row of its round trip. A slow bus only "
+     "makes the writer slower. Covered in Amaranth's simulator by `tb/test_dma.py::"
+     "test_write_waits_for_a_late_row` (each row offered only once the last beat of the "
+     "one before has gone, 32 to 512 bits, with and without stalls)."),
+    ("npu.controller.store_unit.requant",
+     r"^zeros_\*_high_high_high_high_count: true arm of ones_complement_\* \? ",
+     "bit 31 of the accumulator's ones' complement (`ones_complement_<lane>`, the "
+     "accumulator XOR copies of its own sign bit, `hw/requant.py`) is 0 whatever the "
+     "accumulator, and Yosys keeps the leading-zero count's multiplexer on it "
+     "(`hw/requant_float.py`'s `leading_zeros`): no input reaches its true arm. The count "
+     "is checked through the float mode's results, in Amaranth's simulator by "
+     "`tb/test_requant_float.py` (accumulators of every magnitude, INT32_MIN and "
+     "INT32_MAX) and on the RTL by `tb/test_rtl_quant.py::test_float_mode`."),
+    ("npu.scratchpad.memory",
+     r"^weight__data: true arm of weight_data_hit \? weight_data_written : weight_data$",
+     "the weight port's forwarding of the row written in the cycle of its read (the "
+     "scratchpad is transparent for the activation port: a MATMUL issued as a load ends "
+     "reads the last row in the cycle of its write). The weight loader reads from the cycle "
+     "after a PRELOAD issues (`hw/controller/weight_loader.py`), and a PRELOAD over rows a "
+     "LOAD_SPAD writes issues in the cycle of the load's last write at the earliest (the "
+     "load's status holds it until then): it reads that row a cycle after the write. A "
+     "LOAD_SPAD over rows a PRELOAD reads waits until the last is read. (A program with a "
+     "PRELOAD right behind the load of its weights, run under coverage, did not reach it.) "
+     "Covered by `tb/test_bram.py::test_transparent_reads_give_the_word_written` (the "
+     "scratchpad's memory, ports `act` and `weight`, 64 bits x 2,048, plain and ECP5 "
+     "forms under Icarus: a quarter of the reads that meet a write read the row written, "
+     "and both forms fail without `transparent`)."),
 ]
 
 

@@ -16,7 +16,7 @@ from sw.quant import INT32_MAX, INT32_MIN, quantize_multiplier
 
 __all__ = ["random_int8", "random_requantization", "random_qgemm_problem",
            "random_conv_problem", "FLOAT_EDGE_ACCS", "FLOAT_EDGE_SCALES",
-           "half_integer_products", "double_rounded"]
+           "half_integer_products", "float_ties", "double_rounded"]
 
 
 #: Accumulators for the float mode: small odd values (ties after a scale of 0.5), those where
@@ -60,6 +60,19 @@ def half_integer_products(accs, halves, neighbours=3):
                 if as_float * scale == np.float32(half):
                     pairs.append((int(acc), scale))
     return pairs
+
+
+def float_ties():
+    """``(acc, scale)`` pairs whose float32 product is a half integer: exact ties of both
+    parities, ties made by the rounding of float32(acc) (|acc| >= 2**24), and ties made
+    only by the float32 rounding of the product (where the exact product rounds the other
+    way: up to the tie, its rounding carries into the half bit)."""
+    halves = [0.5, 1.5, 2.5, 3.5, 100.5, 127.5, 128.5, 254.5, 255.5]
+    halves += [-half for half in halves]
+    accs = [1, 3, 7, 11, 13, 99, 1001, 12347, 1234567, 98765431, (1 << 24) + 1,
+            (1 << 24) + 3, (1 << 25) + 6, INT32_MAX, INT32_MIN, -3, -13,
+            -1234567, -((1 << 24) + 3)]
+    return half_integer_products(accs, halves)
 
 
 def double_rounded(acc, scale):

@@ -182,6 +182,55 @@ def test_write_blocks(width, stalls):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("stalls", ["stalls", "full_rate"])
+def test_write_waits_for_a_late_row(width, stalls):
+    """Each row offered only once the last beat of the row before has gone: after every row
+    but the last the writer finds its buffer empty at that beat and waits for the next row
+    (``hw/dma/writer.py``: DATA, the row's last beat, ``next_valid`` low). In the NPU the
+    store unit has the next row in the buffer by then (``sim/coverage.py``'s WAIVERS), so
+    only this test takes that branch. Exactly the rows' bytes are written; the first row
+    crosses 4 KiB (two bursts)."""
+    row_width = ROW_BYTES[width]
+    seed = 0xD140 + width + (stalls == "full_rate")
+    rng = np.random.default_rng(seed)
+    dut = DMA(data_width=width, read_row_bytes=row_width, write_row_bytes=row_width)
+    model = AXI4MemoryModel(dut.bus, data_width=width, seed=seed, **MODEL_TIMING[stalls])
+    addr, rows, stride = 0x8000 - row_width // 2 - 3, 4, row_width + 9
+    payloads = [rng.bytes(row_width) for _ in range(rows)]
+    where = f"seed {seed}, {rows} rows of {row_width} bytes at {addr:#x}, stride {stride}"
+
+    async def testbench(ctx):
+        _set_command(ctx, dut.write_cmd, addr, rows, row_width, stride)
+        await _handshake(ctx, dut.write_cmd)
+        for row, payload in enumerate(payloads):
+            if row:
+                # The row before has gone when its last byte is written: its last beat.
+                last_byte = addr + (row - 1) * stride + row_width - 1
+                for _ in range(TIMEOUT):
+                    if last_byte in model.written:
+                        break
+                    await ctx.tick()
+                else:
+                    raise AssertionError(f"{where}: row {row - 1} not written")
+                await ctx.tick().repeat(2)
+            ctx.set(dut.write_row.payload, int.from_bytes(payload, "little"))
+            await _handshake(ctx, dut.write_row)
+        for _ in range(TIMEOUT):
+            _, _, done, error = await ctx.tick().sample(dut.write_done, dut.write_error)
+            if done:
+                assert error == 0, where
+                break
+        else:
+            raise AssertionError(f"{where}: write_done did not come")
+        assert model.written == _expected_writes(addr, row_width, stride, payloads), where
+        first_bursts = [burst_addr for burst_addr, _ in model.write_bursts[:2]]
+        assert first_bursts == [addr & ~(width // 8 - 1), 0x8000], \
+            f"{where}: bursts {model.write_bursts}"
+
+    run_simulation(dut, testbench, processes=[model.process])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 def test_read_and_write_at_once(width):
     """The reader and the writer run at the same time on their own channels."""
     row_width = ROW_BYTES[width]

@@ -12,8 +12,7 @@ import pytest
 
 from hw.isa import QuantMode
 from hw.requant import Requantizer
-from quant_cases import (FLOAT_EDGE_ACCS, FLOAT_EDGE_SCALES, double_rounded,
-                         half_integer_products)
+from quant_cases import FLOAT_EDGE_ACCS, FLOAT_EDGE_SCALES, double_rounded, float_ties
 from sim.amaranth_sim import run_simulation
 from sw.quant import requantize_float
 
@@ -96,21 +95,8 @@ def test_edges():
     _check(_batches(rows, FLOAT_EDGE_SCALES, CLAMPS))
 
 
-def _ties():
-    """``(acc, scale)`` pairs whose float32 product is a half integer: exact ties of both
-    parities, ties made by the rounding of float32(acc) (|acc| >= 2**24), and ties made
-    only by the float32 rounding of the product (where the exact product rounds the other
-    way)."""
-    halves = [0.5, 1.5, 2.5, 3.5, 100.5, 127.5, 128.5, 254.5, 255.5]
-    halves += [-half for half in halves]
-    accs = [1, 3, 7, 11, 13, 99, 1001, 12347, 1234567, 98765431, (1 << 24) + 1,
-            (1 << 24) + 3, (1 << 25) + 6, 2147483647, -2147483648, -3, -13,
-            -1234567, -((1 << 24) + 3)]
-    return half_integer_products(accs, halves)
-
-
 def test_ties_and_double_rounding():
-    pairs = _ties()
+    pairs = float_ties()
     exact = [pair for pair in pairs if not double_rounded(*pair)]
     rounded = [pair for pair in pairs if double_rounded(*pair)]
     assert len(exact) >= 20 and len(rounded) >= 100, (len(exact), len(rounded))
@@ -193,7 +179,7 @@ class DropsTheFloatCarry(Requantizer):
 @pytest.mark.parametrize("design", [RoundsHalfUp, DropsTheFloatCarry])
 def test_the_tests_catch_a_broken_rounding(design):
     """The ties fail on each mutant (and pass on the real block)."""
-    accs, scales = zip(*_ties())
+    accs, scales = zip(*float_ties())
     batches = _batches([accs], scales, [(0, -128, 127)])
     _check(batches)
     with pytest.raises(AssertionError, match="wrong, first"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hw.config import NPUConfig
-from quant_cases import random_conv_problem, random_qgemm_problem
+from quant_cases import float_ties, random_conv_problem, random_qgemm_problem
 from sw.conv import conv2d_batch, reference_conv2d
 from sw.driver import qgemm_batch, reference_qgemm
 
@@ -104,6 +104,34 @@ def test_float_mode(sim):
         [reference_conv2d(**problem) for problem in convs]
     for index, (result, want) in enumerate(zip(results, wants)):
         assert np.array_equal(result.y, want), f"job {index} under {sim}, seed {seed}"
+
+
+def test_quantized_layers_on_1x1():
+    """Quantized GEMMs on the 1x1 array under Verilator, in both modes: no other RTL test runs
+    LOAD_QUANT and STORE_Q there, and on one lane their Verilog is its own (the store unit's
+    streaming state and row select, the load unit's float check). The last GEMM's columns
+    are :func:`float_ties`, each pair's accumulator as the bias and its scale, in three
+    rows (A = 0, 1, -1, B all ones: acc, acc + 1, acc - 1); among them products that are a
+    half integer only after their float32 rounding, which carries into the half bit (the
+    requantizer's ``rounds_up`` takes its other arm; random scales never got there).
+    Bit-exact against ``reference_qgemm``. For `make coverage`."""
+    config = NPUConfig.from_name("1x1", bus_width=128)
+    seed = BASE_SEED + 11
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    accs, scales = zip(*float_ties())
+    ties = dict(A=np.array([[0], [1], [-1]], dtype=np.int8),
+                B=np.ones((1, len(accs)), dtype=np.int8),
+                bias=np.array(accs, dtype=np.int32), scale=np.array(scales, dtype=np.float32),
+                out_zero_point=0, act_min=-128, act_max=127, a_zero_point=0)
+    problems = [random_qgemm_problem(rng, 5, 3, 4),
+                random_qgemm_problem(rng, 4, 6, 3, float_mode=True), ties]
+    results = qgemm_batch(problems, config=config, sim="verilator")
+    for index, (problem, result) in enumerate(zip(problems, results)):
+        want = reference_qgemm(**problem)
+        wrong = np.argwhere(result.y != want)
+        assert not len(wrong), (f"problem {index} on 1x1, seed {seed}: {len(wrong)} outputs "
+                                f"wrong, first at {wrong[0].tolist()}")
 
 
 @pytest.fixture(scope="module")
