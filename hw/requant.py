@@ -107,7 +107,8 @@ class Requantizer(wiring.Component):
     #: state register of the store unit reaches every lane by a route with no logic on it
     #: (a lane's copy sits by its DSPs; from the state register to a lane's first stage, two
     #: routes of 7 ns with the left shift's setup between them were the NPU's longest path),
-    #: and makes what the stages need of them (bounds, masks, its factor) in the next cycle.
+    #: and makes what the stages need of them (bounds, its factor) in the next cycle; the
+    #: fixed mode's masks, read by stage 8 only, take two cycles more.
     setup = 2
 
     _PARAMETERS = ("mode", "multiplier", "shift", "zero_point", "act_min", "act_max")
@@ -191,9 +192,18 @@ class Requantizer(wiring.Component):
         right = Mux(shift > 0, shift, 0)[:5]
         left_8 = stage(left + 8, unsigned(6), "left_8")
         fits_below = stage(Const(1 << 31, unsigned(32)) >> left, unsigned(32), "fits_below")
-        right = stage(right, unsigned(5), "right")
-        top = stage(Cat(right == bit + 1 for bit in range(31)), unsigned(31), "top")
-        below = stage(Cat(right > bit + 1 for bit in range(30)), unsigned(30), "below")
+        # The right shift in five flip-flops for each quarter of stage 8's shifter (each
+        # drives the multiplexers of 8 of its 32 outputs) and five more for the masks, which
+        # take two more cycles: the one-hot top bit, then the bits below it as the OR of the
+        # top bits above (in one cycle, Yosys chained the 30 comparisons through seven LUTs
+        # after a route of 5 ns from the one shared register: 77 failing endpoints of the
+        # 8x8). Stage 8 reads them, long after the parameters' setup.
+        rights = [Signal(unsigned(5), name=f"param_lane_{lane}_right_{quarter}",
+                         reset_less=True) for quarter in range(5)]
+        m.d.sync += [copy.eq(right) for copy in rights]
+        right, right_masks = rights[:4], rights[4]
+        top = stage(Cat(right_masks == bit + 1 for bit in range(31)), unsigned(31), "top")
+        below = stage(Cat(top[bit + 1:].any() for bit in range(30)), unsigned(30), "below")
         significand = Cat(multiplier[:23], exponent != 0)
         factor = stage(Mux(floating, significand, multiplier), signed(32), "factor")
         addend = stage(Mux(floating, significand, 1 << 30), unsigned(31), "addend")
@@ -269,7 +279,8 @@ class Requantizer(wiring.Component):
     @staticmethod
     def _fixed_stages(m, lane, stage, high_7, right, top, below, params):
         """Stages 8 to 10 of the fixed-point mode, from ``h`` in stage 7's register: the
-        lane's clamped value."""
+        lane's clamped value. ``right`` is the right shift's four copies, one per quarter
+        of the shifted value."""
         # 8: rounding right shift; round up when the remainder (high & mask) is above the
         # threshold (mask >> 1) + (high < 0), that is: when its top bit is set and, for a
         # negative high, a bit below it too. Two AND-OR trees, no carry chain (the sum and
@@ -277,7 +288,8 @@ class Requantizer(wiring.Component):
         negative = high_7 < 0
         top_set = (high_7[:31] & top).any()
         below_set = (high_7[:30] & below).any()
-        shifted_8 = stage(high_7 >> right, signed(32), "shifted_8")
+        shifted_8 = stage(Cat((high_7 >> right[quarter])[8 * quarter:8 * quarter + 8]
+                              for quarter in range(4)), signed(32), "shifted_8")
         round_up_8 = stage(top_set & (~negative | below_set), 1, "round_up_8")
 
         # 9: shifted + zero point + round-up, as one adder with the round-up as carry in:
