@@ -194,16 +194,28 @@ class Requantizer(wiring.Component):
         fits_below = stage(Const(1 << 31, unsigned(32)) >> left, unsigned(32), "fits_below")
         # The right shift in five flip-flops for each quarter of stage 8's shifter (each
         # drives the multiplexers of 8 of its 32 outputs) and five more for the masks, which
-        # take two more cycles: the one-hot top bit, then the bits below it as the OR of the
-        # top bits above (in one cycle, Yosys chained the 30 comparisons through seven LUTs
-        # after a route of 5 ns from the one shared register: 77 failing endpoints of the
-        # 8x8). Stage 8 reads them, long after the parameters' setup.
+        # take two more cycles. The shift is 8 h + l: first the decodes of h (h > k, h == k)
+        # and of l (l >= k, l == k), then each mask bit from three of them in one LUT:
+        # right == b is h == b // 8 and l == b % 8, right >= b is h > b // 8, or h == b // 8
+        # and l >= b % 8. (From the shift in one cycle, Yosys chained the 30 comparisons
+        # through seven LUTs after a route of 5 ns: 77 failing endpoints of the 8x8; as an
+        # OR of the top bits above, into a 30-input OR.) Stage 8 reads them, long after the
+        # parameters' setup.
         rights = [Signal(unsigned(5), name=f"param_lane_{lane}_right_{quarter}",
                          reset_less=True) for quarter in range(5)]
         m.d.sync += [copy.eq(right) for copy in rights]
         right, right_masks = rights[:4], rights[4]
-        top = stage(Cat(right_masks == bit + 1 for bit in range(31)), unsigned(31), "top")
-        below = stage(Cat(top[bit + 1:].any() for bit in range(30)), unsigned(30), "below")
+        high, low = right_masks[3:], right_masks[:3]
+        high_above = stage(Cat(high > k for k in range(4)), 4, "high_above")
+        high_is = stage(Cat(high == k for k in range(4)), 4, "high_is")
+        low_from = stage(Cat(low >= k for k in range(8)), 8, "low_from")
+        low_is = stage(Cat(low == k for k in range(8)), 8, "low_is")
+
+        def at_least(b):             # right >= b
+            return high_above[b // 8] | (high_is[b // 8] & low_from[b % 8])
+        top = stage(Cat(high_is[(bit + 1) // 8] & low_is[(bit + 1) % 8] for bit in range(31)),
+                    unsigned(31), "top")                          # right == bit + 1
+        below = stage(Cat(at_least(bit + 2) for bit in range(30)), unsigned(30), "below")
         significand = Cat(multiplier[:23], exponent != 0)
         factor = stage(Mux(floating, significand, multiplier), signed(32), "factor")
         addend = stage(Mux(floating, significand, 1 << 30), unsigned(31), "addend")

@@ -28,10 +28,11 @@ fixed-point mode. This module has the leading-zero count and the float mode's ow
 (:func:`float_stages`): the integer point decoded and the saturation tests beside stages 6
 and 7, then
 
-8. the window: the integer part and half bit at the integer point, for each integer point
-   whether the bits between them and the float32 rounding position are all ones or any
-   one, and the float32 rounding increment at bit 23 or 24;
-9. those tests of the integer point chosen;
+8. the window: the integer part and half bit at the integer point, whether the bits
+   between them and the float32 rounding position are all ones or any one (P's bits 24 up,
+   picked by a mask made from the point beside stages 6 and 7), and the float32 rounding
+   increment at bit 23 or 24;
+9. those tests with bit 23 when it is one of those bits;
 10. the rounding decisions, ``zero_point +- |y|`` in one adder with the round-up as its
     carry-in, and beside it the clamp, as comparisons of the magnitude with the bounds
     (precomputed from the zero point and clamp, one register per lane).
@@ -98,13 +99,20 @@ def float_stages(m, lane, stage, delayed, point_5, sign_5, product_7, params, ro
     saturate_46_7 = delayed(point_5 <= 46 - 8, 1, "saturate_46", (6, 7))
     saturate_47_7 = delayed(point_5 <= 47 - 8, 1, "saturate_47", (6, 7))
     sign_7 = delayed(sign_5, 1, "sign", (6, 7))
+    # Beside them the middle bits' mask at that point (P's bits 24 to point - 2), so that
+    # stage 8 tests the point's middle bits alone: one AND-OR of 23 bits each (tested for
+    # every point, nested ranges that ABC chained through seven LUTs: the 8x8's worst
+    # path). Outside the window nothing reads the tests: above it `twice` is 0 and so is
+    # the round-up (the result is the zero point), below it the result saturates.
+    middle_mask_7 = delayed(Cat(point_5 >= bit + 2 for bit in range(24, 47)), 23,
+                            "middle_mask", (6, 7))
 
     # 8 and 9: the window. The float32 product keeps P[24:48] (top = 47) or P[23:47];
     # below its last bit lie the float rounding's round bit and sticky bits. `twice` is
     # floor(2 |P * 2**-point|) (integer part and half bit); the bits from the float's last
     # bit up to below the half bit are `middle`: a float round-up carries through them
-    # into the half bit only if they are all ones. Stage 8 tests them for every integer
-    # point, stage 9 picks the chosen point's tests.
+    # into the half bit only if they are all ones. Stage 8 tests those of P's bits 24 up
+    # (by the mask), stage 9 adds bit 23 when it is one of them.
     product = product_7
     top = product[47]
     window = [(select_7[index], FIRST_POINT + index) for index in range(POINTS)]
@@ -112,10 +120,9 @@ def float_stages(m, lane, stage, delayed, point_5, sign_5, product_7, params, ro
                      for chosen, point in window])
     float_round_up = Mux(top, product[23] & (product[:23].any() | product[24]),
                          product[22] & (product[:22].any() | product[23]))
-    any_8 = stage(Cat(chosen & product[24:point - 1].any() for chosen, point in window),
-                  POINTS, "any_8")
-    all_8 = stage(Cat(chosen & product[24:point - 1].all() for chosen, point in window),
-                  POINTS, "all_8")
+    middle = product[24:47]
+    any_8 = stage((middle & middle_mask_7).any(), 1, "any_8")
+    all_8 = stage((middle | ~middle_mask_7).all(), 1, "all_8")
     below_8 = stage(product[23], 1, "below_8")      # P[23]: the float's last bit or not
     top_8 = stage(top, 1, "top_8")
     twice_8 = stage(twice, 9, "twice_8")
@@ -126,8 +133,8 @@ def float_stages(m, lane, stage, delayed, point_5, sign_5, product_7, params, ro
                        "saturate_8")
     sign_8 = stage(sign_7, 1, "sign_8")
 
-    any_9 = stage(any_8.any() | (~top_8 & below_8), 1, "any_9")
-    all_9 = stage(all_8.any() & (top_8 | below_8), 1, "all_9")
+    any_9 = stage(any_8 | (~top_8 & below_8), 1, "any_9")
+    all_9 = stage(all_8 & (top_8 | below_8), 1, "all_9")
     twice_9 = stage(twice_8, 9, "twice_9")
     float_up_9 = stage(float_up_8, 1, "float_up_9")
     saturate_9 = stage(saturate_8, 1, "saturate_9")

@@ -54,6 +54,38 @@ def test_edges_per_shift(shift):
         assert np.array_equal(got, want), (shift, zero_point, act_min, act_max, got, want)
 
 
+@pytest.mark.parametrize("first", [1, 9, 17, 25])
+def test_round_up_at_every_right_shift(first):
+    """Each right shift S (a lane each) with h = SaturatingRoundingDoublingHighMul(x, M) at
+    its rounding edges: h = k 2**S + 2**(S - 1) + d for small k and d, both signs, and
+    -2**(S - 1) + 2**j for every j < S - 1 (x = 2h with M = 2**30 gives h exactly). The
+    round-up reads the remainder's top bit and, for a negative h, the bits below it,
+    through masks made from S: each of S's 31 values picks its own bits."""
+    shifts = list(range(first, min(first + 8, 32)))
+    cols = len(shifts)
+    limit = (1 << 30) - 1
+    columns = []
+    for shift in shifts:
+        values = []
+        for k in (0, 1, 3):
+            for d in (-2, -1, 0, 1, 2):
+                for sign in (1, -1):
+                    h = sign * (k * (1 << shift) + (1 << (shift - 1)) + d)
+                    values.append(max(-limit, min(limit, h)))
+        # A negative h whose remainder is its top bit and one bit j below it: the round-up
+        # then rests on mask bit j alone.
+        values += [-(1 << (shift - 1)) + (1 << j) for j in range(shift - 1)]
+        columns.append(values)
+    depth = max(len(values) for values in columns)
+    rows = np.array([values + [0] * (depth - len(values)) for values in columns],
+                    dtype=np.int64).T * 2
+    multipliers = [1 << 30] * cols
+    got = _run(cols, rows, multipliers, shifts, 0, -128, 127)
+    want = requantize(rows.astype(np.int32), np.array(multipliers, np.int32),
+                      np.array(shifts, np.int32), 0, -128, 127)
+    assert np.array_equal(got, want), (shifts, np.argwhere(got != want))
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random(seed):
     rng = np.random.default_rng(seed)
