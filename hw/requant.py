@@ -206,15 +206,15 @@ class Requantizer(wiring.Component):
         m.d.sync += [copy.eq(right) for copy in rights]
         right, right_masks = rights[:4], rights[4]
         high, low = right_masks[3:], right_masks[:3]
-        high_above = stage(Cat(high > k for k in range(3)), 3, "high_above")    # h > 0..2
+        # (h > 3 and l >= 0 are constants, written so: Verilator's lint warns of constant
+        # comparisons.)
+        high_above = stage(Cat(*(high > k for k in range(3)), Const(0, 1)), 4, "high_above")
         high_is = stage(Cat(high == k for k in range(4)), 4, "high_is")
-        low_from = stage(Cat(low >= k for k in range(1, 8)), 7, "low_from")      # l >= 1..7
+        low_from = stage(Cat(Const(1, 1), *(low >= k for k in range(1, 8))), 8, "low_from")
         low_is = stage(Cat(low == k for k in range(8)), 8, "low_is")
 
         def at_least(b):             # right >= b
-            h, l = divmod(b, 8)
-            return ((high_above[h] if h < 3 else 0) |
-                    (high_is[h] & (low_from[l - 1] if l else 1)))
+            return high_above[b // 8] | (high_is[b // 8] & low_from[b % 8])
         top = stage(Cat(high_is[(bit + 1) // 8] & low_is[(bit + 1) % 8] for bit in range(31)),
                     unsigned(31), "top")                          # right == bit + 1
         below = stage(Cat(at_least(bit + 2) for bit in range(30)), unsigned(30), "below")
