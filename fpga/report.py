@@ -451,11 +451,12 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   reader ends a row at a flag queued with its last burst (the queue's oldest entry a
   flip-flop, the row's end made a cycle ahead), its offset copied per byte lane;
   the requantizer's lanes copy their parameters (the right shift once per quarter of its
-  shifter, the masks made from it over two more cycles), the store unit its row selects,
-  the load unit its staging enable, and the decoder's head and front registers load in
-  nine slices under copies of their valid flags. What is left is mostly wire: 1,400 to
-  1,500 (4x4) and 2,500 to 3,500 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists
-  them), the worst by 3.1 to 3.7 (4x4) and 3.9 to 4.1 ns (8x8), most groups by 2 to 4 ns:
+  shifter, the masks made from it over two more cycles; the float window's mask from the
+  integer point beside stages 6 and 7), the store unit its row selects, the load unit its
+  staging enable, and the decoder's head and front registers load in nine slices under
+  copies of their valid flags. What is left is mostly wire: 1,300 to 1,400 (4x4) and
+  2,400 to 2,700 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), the worst
+  by 3.1 to 3.7 (4x4) and 4.1 ns (8x8), most groups by 2 to 4 ns:
   paths of four to eight
   routes of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
   columns spread the design over the die), with a few LUTs or a carry chain between them,
