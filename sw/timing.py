@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from hw.accumulator import WRITE_LATENCY
 from hw.bram import READ_LATENCY as SRAM_READ_LATENCY
 from hw.config import FETCH_BURST, FETCH_HIGH_WATER, FETCH_LOW_WATER
+from hw.controller.decoder import LATENCY as DECODE_LATENCY
 from hw.dma import MAX_READS_OUTSTANDING
 from hw.isa import INSTR_BYTES, Opcode
 from sim import dram as simulated_dram
@@ -163,7 +164,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
     bus = config.bus_bytes
     latency = rows + cols - 1                # the array: activation row in -> result out
 
-    # Fetcher, decoder (its two stages, instruction queue and output register).
+    # Fetcher, decoder (its three stages, instruction queue and output register).
     fetch_pc = 0                             # instructions the fetcher delivered
     level = 0                                # the queue's level
     decoding = deque()                       # cycles in which delivered words enter the queue
@@ -286,10 +287,10 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
         b_fire = bool(responses) and responses[0] == t
 
         # ------------------------------------------------------------ next cycle
-        # Decoder: a word the DMA delivers in cycle t is in the fetcher's register in t + 1,
-        # in the decoder's input register in t + 2, in its stage register in t + 3, written
-        # into the queue at the end of t + 3, and at the queue's front (its read register)
-        # from t + 5.
+        # Decoder: a word the DMA delivers in cycle t is on the fetcher's register in t + 1
+        # and may leave the decoder's queue for its head DECODE_LATENCY cycles later (input
+        # register, three stages, the queue and its read register): the queue's level
+        # counts it from t + 1 + DECODE_LATENCY.
         next_level = level
         if decoding and decoding[0] == t:
             decoding.popleft()
@@ -297,7 +298,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
         if read_row:
             row_times.popleft()
             if not reader_is_load:
-                decoding.append(t + 4)
+                decoding.append(t + DECODE_LATENCY)
                 fetch_pc += 1
         if level > 0 and (not dec_valid or issue):
             next_level -= 1

@@ -15,7 +15,7 @@ from error_cases import CONFIG as TABLE_CONFIG
 from error_cases import (END, ERROR_PROGRAMS, load_acc, load_quant, load_spad, matmul, store,
                          store_q)
 from hw.config import FETCH_DEPTH
-from hw.controller.decoder import Decoder
+from hw.controller.decoder import LATENCY, Decoder
 from hw.controller.signatures import Kind
 from hw.isa import (ErrorCode, Instruction, Opcode, argument_layout, decode, encode,
                     opcode_of)
@@ -82,7 +82,7 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
     come and ``ready`` is high at random, with long stretches of ``ready`` low that fill the
     queue. Returns ``(word, lo, hi, check, bus_error, spad, acc)`` for every word, in the
     order they left, and checks on every cycle the handshake against a model of the
-    pipeline: a word offered in cycle t is at the queue's front from t + 4; ``taken``
+    pipeline: a word offered in cycle t is at the queue's front from t + LATENCY; ``taken``
     exactly when the queue holds a word and the head register is empty or its word leaves;
     the head in ``decoded`` the cycle after."""
     dut = Decoder(config)
@@ -115,7 +115,7 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
             assert valid == head, f"{context}: decoded.valid"
             if held is not None:
                 assert record == held, f"{context}: not held"
-            in_queue = bool(pipeline) and pipeline[0] <= cycle - 4
+            in_queue = bool(pipeline) and pipeline[0] <= cycle - LATENCY
             take = in_queue and (not head or ready)
             assert ctx.get(dut.words.taken) == take, f"{context}: taken"
             if valid and ready:
@@ -166,8 +166,9 @@ def assert_decoded(word, record, context, bus_error=0):
 
 
 def test_register_stage():
-    """A word offered in cycle t leaves the queue (``taken``) in t + 4 and is in ``decoded``
-    in t + 5 (input register, check stage, queue, its read register, head register), with
+    """A word offered in cycle t leaves the queue (``taken``) in t + LATENCY (5) and is in
+    ``decoded`` in t + 6 (input register, three check stages, queue, its read register, head
+    register), with
     its bounds and row ranges; the next
     is taken only in the cycle the held one leaves; ``flush`` drops the held word and the
     words in the stage, in the queue and on ``word`` in that cycle; ``bus_error`` passes
@@ -193,12 +194,12 @@ def test_register_stage():
 
     async def testbench(ctx):
         fetched(ctx, first)
-        for _ in range(4):                            # cycles 0 to 3
+        for _ in range(5):                            # cycles 0 to 4
             assert (taken(ctx), ctx.get(dut.decoded.valid)) == (0, 0)
             await tick(ctx)
-        assert (taken(ctx), ctx.get(dut.decoded.valid)) == (1, 0)   # cycle 4: out of the queue
+        assert (taken(ctx), ctx.get(dut.decoded.valid)) == (1, 0)   # cycle 5: out of the queue
         await tick(ctx)
-        assert held(ctx) == first                                   # cycle 5
+        assert held(ctx) == first                                   # cycle 6
         payload = ctx.get(dut.decoded.payload)
         assert (payload.lo, payload.hi) == (0x100, 0x101)
         assert ((payload.spad.lo, payload.spad.hi), (payload.acc.lo, payload.acc.hi)) == \
@@ -219,7 +220,7 @@ def test_register_stage():
         assert ctx.get(dut.decoded.valid) == 0
         ctx.set(dut.decoded.ready, 0)
         fetched(ctx, third)
-        await tick(ctx, 5)
+        await tick(ctx, 6)
         assert held(ctx) == third
         # Words in the queue, in the stages, on ``word``: the flush drops them all.
         fetched(ctx, first)
@@ -232,17 +233,17 @@ def test_register_stage():
         await tick(ctx)
         assert ctx.get(dut.decoded.valid) == 0            # flushed, not issued
         ctx.set(dut.words.flush, 0)
-        for _ in range(5):                                # ...and nothing else comes
+        for _ in range(6):                                # ...and nothing else comes
             assert (taken(ctx), ctx.get(dut.decoded.valid)) == (0, 0)
             await tick(ctx)
         fetched(ctx, 0, bus_error=1)
-        await tick(ctx, 5)
+        await tick(ctx, 6)
         assert held(ctx) == 0
         assert ctx.get(dut.decoded.payload.bus_error) == 1
         assert ctx.get(dut.decoded.payload.check) == ErrorCode.ILLEGAL_OPCODE.value
         fetched(ctx, first, bus_error=0)
         ctx.set(dut.decoded.ready, 1)
-        await tick(ctx, 5)
+        await tick(ctx, 6)
         assert held(ctx) == first and ctx.get(dut.decoded.payload.bus_error) == 0
 
     run_simulation(dut, testbench)

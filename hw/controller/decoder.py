@@ -13,16 +13,24 @@ from .fetcher import WordsSignature
 from .signatures import KIND_OPCODES, Decoded, NextHeadSignature, RowRange
 
 
-__all__ = ["Decoder"]
+__all__ = ["Decoder", "LATENCY"]
+
+
+#: Cycles from a word on ``words.word`` to its leaving the queue (``taken``): the input
+#: register, stages 1 to 3, the queue and its read register. The word is at the head
+#: (``decoded``) a cycle later. The cycle model (sw/timing.py) follows it.
+LATENCY = 5
 
 
 class _CheckFlags(data.Struct):
-    """The outcomes of a decoded instruction's checks in stage 1, each set only under the
-    opcodes it applies to; stage 2 makes the error code of the first in this order."""
+    """The outcomes of a decoded instruction's checks, each set only under the opcodes it
+    applies to: all but the DRAM range's in stage 1, that one in stage 2; stage 3 makes the
+    error code of the first in this order."""
     illegal:    1
     bad_length: 1
     spad_range: 1
     acc_range:  1
+    dram_range: 1
 
 
 def _slices(*groups, widest=33):
@@ -54,11 +62,12 @@ class Decoder(wiring.Component):
     instruction queue (:data:`~hw.config.FETCH_DEPTH` entries).
 
     Operand checks come in the order the ISA documents them: lengths, local range, DRAM
-    range. A fetched word is registered on its way in, then takes two cycles to the queue:
-    the first forms the block's ``rows x stride`` as two partial products (multipliers with
-    registered outputs) beside ``base = addr + row_bytes - stride`` and the other checks
-    (a flag per outcome); the second sums the DRAM end, checks its range and makes the
-    error code of the first check that fails. The queue reads through a register (its
+    range. A fetched word is registered on its way in, then takes three cycles to the
+    queue: the first forms the block's ``rows x stride`` as two partial products
+    (multipliers with registered outputs) beside ``base = addr + row_bytes - stride`` and
+    the other checks (a flag per outcome); the second sums the DRAM end and checks its
+    range; the third makes the error code of the first check that fails and the opcode's
+    kinds, and writes the queue. The queue reads through a register (its
     front entry, ``next``, from flip-flops), so an entry is at its front two cycles after
     it is written. The queue's head then waits in a register (``decoded``, in slices, see
     :data:`HEAD_SLICES`) until the issue stage takes it, so no path from the queue's memory
@@ -261,7 +270,9 @@ class Decoder(wiring.Component):
         with m.If(flush):
             m.d.sync += stage.valid.eq(0)
 
-        # Stage 2: the DRAM end and its range, into the queue. The range check compares the
+        # Stage 2: the DRAM end and its range, into stage 3's register (the partial
+        # products' routes from the multipliers, the sums' carry chains and the error code's
+        # priority into the queue's memory did not fit one cycle). The range check compares the
         # product with 2**32 - base, beside the sum (equal to hi > 2**32 whenever rows > 0;
         # a block of 0 rows stops on BAD_LENGTH first). The product is the sum of the two
         # partial products (0 but for a block's opcode), so each of hi = product + base and
@@ -277,6 +288,25 @@ class Decoder(wiring.Component):
         hi_sum = sum_of_three("hi_sum", low, high, stage.base)
         over_sum = sum_of_three("over_sum", low, high, ~stage.limit)
         over_limit = ~over_sum[49]           # product - limit - 1 >= 0
+        checked = Signal(_CheckFlags)
+        m.d.comb += [checked.eq(stage.flags), checked.dram_range.eq(stage.dram & over_limit)]
+        late = Signal(data.StructLayout({
+            "valid": 1, "instr": Instruction, "bus_error": 1, "lo": 32, "hi": 33,
+            "spad": RowRange, "acc": RowRange, "flags": _CheckFlags}))
+        m.d.sync += [
+            late.valid.eq(stage.valid),
+            late.instr.eq(stage.instr),
+            late.bus_error.eq(stage.bus_error),
+            late.lo.eq(stage.lo),
+            late.hi.eq(hi_sum[:33]),
+            late.spad.eq(stage.spad),
+            late.acc.eq(stage.acc),
+            late.flags.eq(checked),
+        ]
+        with m.If(flush):
+            m.d.sync += late.valid.eq(0)
+
+        # Stage 3: the error code and the opcode's kinds, into the queue.
         # The queue reads through a register (as a SyncFIFOBuffered does: its memory holds
         # all entries but the front one): its front entry, which the issue stage compares
         # with its units a cycle ahead (``next``), comes from flip-flops, not from the
@@ -286,31 +316,30 @@ class Decoder(wiring.Component):
         m.submodules.queue = ResetInserter(flush)(queue)
         entry = Signal(Decoded)
         m.d.comb += [
-            entry.instr.eq(stage.instr),
-            entry.lo.eq(stage.lo),
-            entry.spad.eq(stage.spad),
-            entry.acc.eq(stage.acc),
-            entry.hi.eq(hi_sum[:33]),
-            entry.bus_error.eq(stage.bus_error),
+            entry.instr.eq(late.instr),
+            entry.lo.eq(late.lo),
+            entry.spad.eq(late.spad),
+            entry.acc.eq(late.acc),
+            entry.hi.eq(late.hi),
+            entry.bus_error.eq(late.bus_error),
             queue.w_data.eq(entry),
-            queue.w_en.eq(stage.valid),
+            queue.w_en.eq(late.valid),
         ]
-        # The checks' outcome, in the ISA's order; the DRAM range's last (its comparison
-        # ends the stage's carry chain).
-        with m.If(stage.flags.illegal):
+        # The checks' outcome, in the ISA's order.
+        with m.If(late.flags.illegal):
             m.d.comb += entry.check.eq(ErrorCode.ILLEGAL_OPCODE)
-        with m.Elif(stage.flags.bad_length):
+        with m.Elif(late.flags.bad_length):
             m.d.comb += entry.check.eq(ErrorCode.BAD_LENGTH)
-        with m.Elif(stage.flags.spad_range):
+        with m.Elif(late.flags.spad_range):
             m.d.comb += entry.check.eq(ErrorCode.SPAD_RANGE)
-        with m.Elif(stage.flags.acc_range):
+        with m.Elif(late.flags.acc_range):
             m.d.comb += entry.check.eq(ErrorCode.ACC_RANGE)
-        with m.Elif(stage.dram & over_limit):
+        with m.Elif(late.flags.dram_range):
             m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
         for name, opcodes in KIND_OPCODES.items():
-            m.d.comb += entry.kind[name].eq(Cat(*[stage.instr.opcode == op
+            m.d.comb += entry.kind[name].eq(Cat(*[late.instr.opcode == op
                                                   for op in opcodes]).any())
-        m.d.comb += entry.kind.faulty.eq(stage.bus_error | (entry.check != 0))
+        m.d.comb += entry.kind.faulty.eq(late.bus_error | (entry.check != 0))
 
         # The queue's head waits in a register until the issue stage takes it. The head and
         # the front register before it are loaded in slices (HEAD_SLICES), each under its
