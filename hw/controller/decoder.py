@@ -23,14 +23,13 @@ LATENCY = 5
 
 
 class _CheckFlags(data.Struct):
-    """The outcomes of a decoded instruction's checks, each set only under the opcodes it
-    applies to: all but the DRAM range's in stage 1, that one in stage 2; stage 3 makes the
-    error code of the first in this order."""
+    """The outcomes of a decoded instruction's checks in stage 1, each set only under the
+    opcodes it applies to; stage 3 makes the error code of the first in this order, then
+    the DRAM range's (stage 2's)."""
     illegal:    1
     bad_length: 1
     spad_range: 1
     acc_range:  1
-    dram_range: 1
 
 
 def _slices(*groups, widest=33):
@@ -288,11 +287,9 @@ class Decoder(wiring.Component):
         hi_sum = sum_of_three("hi_sum", low, high, stage.base)
         over_sum = sum_of_three("over_sum", low, high, ~stage.limit)
         over_limit = ~over_sum[49]           # product - limit - 1 >= 0
-        checked = Signal(_CheckFlags)
-        m.d.comb += [checked.eq(stage.flags), checked.dram_range.eq(stage.dram & over_limit)]
         late = Signal(data.StructLayout({
             "valid": 1, "instr": Instruction, "bus_error": 1, "lo": 32, "hi": 33,
-            "spad": RowRange, "acc": RowRange, "flags": _CheckFlags}))
+            "spad": RowRange, "acc": RowRange, "flags": _CheckFlags, "dram_range": 1}))
         m.d.sync += [
             late.valid.eq(stage.valid),
             late.instr.eq(stage.instr),
@@ -301,7 +298,8 @@ class Decoder(wiring.Component):
             late.hi.eq(hi_sum[:33]),
             late.spad.eq(stage.spad),
             late.acc.eq(stage.acc),
-            late.flags.eq(checked),
+            late.flags.eq(stage.flags),
+            late.dram_range.eq(stage.dram & over_limit),
         ]
         with m.If(flush):
             m.d.sync += late.valid.eq(0)
@@ -334,7 +332,7 @@ class Decoder(wiring.Component):
             m.d.comb += entry.check.eq(ErrorCode.SPAD_RANGE)
         with m.Elif(late.flags.acc_range):
             m.d.comb += entry.check.eq(ErrorCode.ACC_RANGE)
-        with m.Elif(late.flags.dram_range):
+        with m.Elif(late.dram_range):
             m.d.comb += entry.check.eq(ErrorCode.DRAM_RANGE)
         for name, opcodes in KIND_OPCODES.items():
             m.d.comb += entry.kind[name].eq(Cat(*[late.instr.opcode == op
