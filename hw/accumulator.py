@@ -1,6 +1,6 @@
 """The accumulator memory: INT32 rows of C lanes that writes overwrite or add to."""
 
-from amaranth.hdl import Cat, Module, Signal, signed
+from amaranth.hdl import Assert, Cat, Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
@@ -104,10 +104,21 @@ class AccumulatorMemory(wiring.Component):
         ]
         # In s1, which of the rows that will be in S, H1 and H2 in s2 are this one's: the
         # newest of them, else the block RAM's, is what s2 adds to (none when it
-        # overwrites). One-hot, so that s2 ANDs and ORs the four rows.
-        from_S = s2.valid & (s2.addr == s1.addr)
-        from_H1 = S.valid & (S.addr == s1.addr)
-        from_H2 = H1.valid & (H1.addr == s1.addr)
+        # overwrites). One-hot, so that s2 ANDs and ORs the four rows. The address
+        # comparisons are made in s0, with the rows that will be in s2, S and H1 in s1 (the
+        # stages advance every cycle), into flip-flops: in s1 only the one-hot choice is
+        # left before the picks' copies (the comparisons there, into the copies, were a
+        # group of a hundred failing paths on the 8x8).
+        from_S, from_H1, from_H2 = (Signal(name=f"from_{n}") for n in ("S", "H1", "H2"))
+        m.d.sync += [
+            from_S.eq(s1.valid & (s1.addr == self.write.addr)),
+            from_H1.eq(s2.valid & (s2.addr == self.write.addr)),
+            from_H2.eq(S.valid & (S.addr == self.write.addr)),
+        ]
+        m.d.sync += Assert(~s1.valid | ((from_S == (s2.valid & (s2.addr == s1.addr))) &
+                                        (from_H1 == (S.valid & (S.addr == s1.addr))) &
+                                        (from_H2 == (H1.valid & (H1.addr == s1.addr)))),
+                           "accumulator: a forwarding comparison out of step")
         adds = s1.accumulate
         picks = Cat(adds & from_S, adds & ~from_S & from_H1,
                     adds & ~from_S & ~from_H1 & from_H2,
