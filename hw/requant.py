@@ -137,7 +137,9 @@ class Requantizer(wiring.Component):
                   and dsp_pes(platform) is None)
 
         # Only the row's valid flag and the result are held; the stages in between run
-        # every cycle (as the MULT18X18D's registers do).
+        # every cycle (as the MULT18X18D's registers do). The held result has no reset
+        # (``result_valid`` says whether it is one): the core reset's route to its
+        # flip-flops was the 8x8's longest path on one placement.
         valid = self.valid
         acc_in = Signal.like(self.acc, name="acc_in", reset_less=True)
         m.d.sync += acc_in.eq(self.acc)
@@ -146,6 +148,8 @@ class Requantizer(wiring.Component):
             m.d.sync += registered.eq(valid)
             valid = registered
         m.d.sync += self.result_valid.eq(valid)
+        held = Signal.like(self.result, name="held_result", reset_less=True)
+        m.d.comb += self.result.eq(held)
 
         for lane in range(self.cols):
             # The lane's copy of the parameters (``param_lane_<lane>_<name>``; the FPGA flow
@@ -160,7 +164,7 @@ class Requantizer(wiring.Component):
                 m.d.sync += params[name].eq(value)
             result = self._lane(m, lane, on_dsp, acc_in[lane], params)
             with m.If(valid):
-                m.d.sync += self.result[lane].eq(result)
+                m.d.sync += held[lane].eq(result)
         return m
 
     def _lane(self, m, lane, on_dsp, acc, params):

@@ -3,7 +3,7 @@ requantizer to the DMA writer."""
 
 from amaranth.hdl import Assert, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -169,13 +169,27 @@ class StoreUnit(wiring.Component):
         # (``select_lane_<lane>_quantized``, kept apart on the FPGA by fpga/flow.py's
         # KEEP_APART): one flip-flop of the opcode drove every bit of the row, by routes of
         # 5 ns across the die. The copies follow a cycle late, long before a row passes them.
-        m.submodules.queue = queue = SyncFIFOBuffered(width=8 * cols, depth=self.QUEUE_DEPTH)
+        #
+        # The queue is a SyncFIFOBuffered built by hand: a SyncFIFO one row shallower (its
+        # memory read without a register) and a read register, ``queued``, loaded as
+        # SyncFIFOBuffered loads its own, but without a reset (``queued_valid`` says whether
+        # it holds a row): the core reset reached the enables of SyncFIFOBuffered's read
+        # register, by a route of 7 ns on one 8x8 placement (a group of 119 failing paths).
+        m.submodules.queue = queue = SyncFIFO(width=8 * cols, depth=self.QUEUE_DEPTH - 1)
+        queued = Signal(8 * cols, reset_less=True)
+        queued_valid = Signal()
+        queued_taken = Signal()
+        m.d.comb += queue.r_en.eq(~queued_valid | queued_taken)
+        with m.If(queue.r_rdy & queue.r_en):
+            m.d.sync += [queued.eq(queue.r_data), queued_valid.eq(1)]
+        with m.Elif(queued_taken):
+            m.d.sync += queued_valid.eq(0)
         row_out, selects = [], []
         for lane in range(cols):
             quantized = Signal(name=f"select_lane_{lane}_quantized")
             m.d.sync += quantized.eq(op == Opcode.STORE_Q)
             selects.append(quantized)
-            requantized = queue.r_data[32 * lane:32 * lane + 32] if 4 * lane < cols else 0
+            requantized = queued[32 * lane:32 * lane + 32] if 4 * lane < cols else 0
             row_out.append(Mux(quantized, requantized, self.acc.data[lane])[:32])
         m.d.comb += [
             writer.row.payload.eq(Cat(*row_out)),
@@ -200,7 +214,8 @@ class StoreUnit(wiring.Component):
         handed = Signal()
         m.d.sync += in_flight.eq(in_flight + quantized_read - handed)
         room = ~in_flight[-1]                # in_flight < QUEUE_DEPTH, a power of two
-        m.d.comb += [queue.r_en.eq(writer.row.ready), handed.eq(queue.r_rdy & writer.row.ready)]
+        m.d.comb += [queued_taken.eq(writer.row.ready),
+                     handed.eq(queued_valid & writer.row.ready)]
         m.d.sync += [
             Assert(~(queue.w_en & ~queue.w_rdy), "store unit: the STORE_Q queue overflowed"),
             Assert(in_flight <= self.QUEUE_DEPTH, "store unit: STORE_Q rows beyond the queue"),
@@ -266,10 +281,10 @@ class StoreUnit(wiring.Component):
             m.d.sync += in_row.eq(1)
         with m.If(fsm.ongoing("ROW") & writer.row.ready):
             m.d.sync += in_row.eq(0)
-        m.d.comb += writer.row.valid.eq(in_row | queue.r_rdy)
+        m.d.comb += writer.row.valid.eq(in_row | queued_valid)
         m.d.sync += [
             Assert(in_row == fsm.ongoing("ROW"), "store unit: ROW out of step"),
-            Assert(~queue.r_rdy | fsm.ongoing("STREAM"), "store unit: a STORE_Q row left over"),
+            Assert(~queued_valid | fsm.ongoing("STREAM"), "store unit: a STORE_Q row left over"),
         ]
         # Idle kept in a flip-flop beside the state (the issue stage decides from it): left
         # with the command, entered with the transitions into IDLE above.
