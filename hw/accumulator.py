@@ -61,9 +61,9 @@ class AccumulatorMemory(wiring.Component):
     missed, are forwarded: back-to-back accumulations into one row see each other. A K that
     exceeds R is thus reduced on chip, one K-tile after another.
 
-    The forwarding selects are compared a cycle ahead, one-hot, one copy per byte of a
-    lane, so the cycle of the add holds a four-way AND-OR and a 32-bit add after the block
-    RAM's output register, nothing more.
+    The forwarding selects are compared two cycles ahead (at the write's acceptance) and
+    chosen one-hot a cycle ahead, one copy per byte of a lane, so the cycle of the add holds
+    a four-way AND-OR and a 32-bit add after the block RAM's output register, nothing more.
 
     Attributes
     ----------
