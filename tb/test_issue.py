@@ -48,11 +48,23 @@ def decoded(word, *, check=0, bus_error=0, lo=0, hi=0):
 
 
 def set_head(ctx, dut, word, *, valid=1, **fields):
-    """The decoder's head: ``word`` (:func:`decoded`), kept at the next edge."""
-    ctx.set(dut.decoded.payload, decoded(word, **fields))
+    """The decoder's head: ``word`` (:func:`decoded`), kept at the next edge, with the
+    decoder's copies of what it holds (``end_at_head``, ``issuable``)."""
+    payload = decoded(word, **fields)
+    ctx.set(dut.decoded.payload, payload)
     ctx.set(dut.decoded.valid, valid)
     ctx.set(dut.next_head.load, 0)
     ctx.set(dut.next_head.end_at_head, valid and word == END)
+    kind = payload["kind"]
+    ctx.set(dut.next_head.issuable, {name: int(valid and not kind["faulty"] and kind[name])
+                                     for name in KIND_OPCODES})
+
+
+def clear_head(ctx, dut):
+    """No head (the decoder's head register empty)."""
+    ctx.set(dut.decoded.valid, 0)
+    ctx.set(dut.next_head.end_at_head, 0)
+    ctx.set(dut.next_head.issuable, {name: 0 for name in KIND_OPCODES})
 
 
 async def start(ctx, dut, prog_addr=PROG_ADDR, prog_len=PROG_LEN):
@@ -79,7 +91,7 @@ async def issue_preloads(ctx, dut, count):
     for _ in range(count):
         assert ctx.get(dut.decoded.ready)
         await ctx.tick()
-    ctx.set(dut.decoded.valid, 0)
+    clear_head(ctx, dut)
 
 
 def counters(ctx, dut):
@@ -156,7 +168,7 @@ def test_program_registers_latched_at_start():
         set_head(ctx, dut, preload(0))         # past the program's end: not issued
         assert ctx.get(dut.decoded.ready) == 0
         await ctx.tick().repeat(2)
-        ctx.set(dut.decoded.valid, 0)
+        clear_head(ctx, dut)
         assert (ctx.get(dut.host.error), ctx.get(dut.host.error_code),
                 ctx.get(dut.host.error_pc)) == (1, ErrorCode.PROGRAM.value, 3)
         await start(ctx, dut)          # now the registers are 0x100 and 1000
@@ -439,7 +451,7 @@ def test_stops_only_when_idle(holding):
         await issue_preloads(ctx, dut, 2)
         set_head(ctx, dut, preload(0), bus_error=1, check=C.SPAD_RANGE.value)
         await ctx.tick()
-        ctx.set(dut.decoded.valid, 0)
+        clear_head(ctx, dut)
         set_status(ctx, dut, **holding)
         for _ in range(5):
             await ctx.tick()

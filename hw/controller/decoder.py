@@ -10,7 +10,8 @@ from ..config import FETCH_DEPTH
 from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
 from ..pe import dsp_pes, mult18x18d
 from .fetcher import WordsSignature
-from .signatures import KIND_OPCODES, Decoded, NextHeadSignature, RowRange
+from .signatures import (KIND_OPCODES, Decoded, Issuable, NextHeadSignature, RowRange,
+                         status_copy)
 
 
 __all__ = ["Decoder", "LATENCY"]
@@ -379,6 +380,23 @@ class Decoder(wiring.Component):
         with m.If(flush):
             m.d.sync += end_at_head.eq(0)
         m.d.comb += self.next.end_at_head.eq(end_at_head)
+        # The head's kind flags while it is valid and not faulty, for the issue decision,
+        # from flip-flops of their own (the head's kind flags also go to the units and the
+        # error logic, and were placed by them); loaded with their next value, from the
+        # slice that holds the kind.
+        kind_copy, kind_front_copy = copies[-1], front_copies[-1]
+        assert HEAD_SLICES[-1][1] == data.Layout.cast(Decoded).size
+        kind_take = kind_front_copy & (~kind_copy | ready)
+        kind_valid_next = ~flush & (kind_take | (kind_copy & ~ready))
+        kind_next = Mux(kind_take, front.kind.as_value(), head.kind.as_value())
+        kind_next = data.View(data.Layout.cast(Decoded)["kind"].shape, kind_next)
+
+        def issuable_of(valid, kind):
+            return Cat(*[valid & ~kind.faulty & kind[name] for name in Issuable.members])
+
+        m.d.comb += self.next.issuable.eq(status_copy(
+            m, "issuable", issuable_of(copies[0], head.kind),
+            issuable_of(kind_valid_next, kind_next)))
         m.d.sync += Assert(end_at_head == (copies[0] & head.kind.end),
                            "decoder: end_at_head out of step")
         taken = front_copies[0] & (~copies[0] | ready)

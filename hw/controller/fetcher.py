@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from ..isa import INSTR_BYTES, Instruction
-from .signatures import ReaderSignature
+from .signatures import ReaderSignature, status_copy
 
 
 __all__ = ["Fetcher", "FetchControlSignature", "FetchedWord", "WordsSignature"]
@@ -122,9 +122,13 @@ class Fetcher(wiring.Component):
                            "fetcher: the fetch count's flags out of step")
         fetch_stop = Signal()        # a fetch failed: the queue ends in its error entry
         refetch = Signal()           # a store over the program: refetch after it
+        refetch_next = Signal()      # what ``refetch`` holds from the next edge
+        m.d.comb += refetch_next.eq(refetch)
+        m.d.sync += refetch.eq(refetch_next)
         reader_busy = Signal()
         reader_is_load = Signal()    # the command in the reader is the load unit's
-        m.d.comb += control.refetch.eq(refetch)
+        # The issue stage reads a copy of its own (its decision's first input).
+        m.d.comb += control.refetch.eq(status_copy(m, "refetch", refetch, refetch_next))
 
         # The program (its address, length and end) in registers of the fetcher's own,
         # loaded at ``begin``: the checks and sums of a run start from flip-flops (the sum
@@ -142,7 +146,7 @@ class Fetcher(wiring.Component):
                          prog_end.eq(control.prog_addr + control.prog_len * INSTR_BYTES)]
         with m.If(control.store_issued & (control.store_lo < prog_end) &
                   (program_addr < control.store_hi)):
-            m.d.sync += refetch.eq(1)
+            m.d.comb += refetch_next.eq(1)
 
         # ------------------------------------------------------------ reader arbiter
         fetch_rows = Signal(range(FETCH_BURST + 1))
@@ -220,7 +224,8 @@ class Fetcher(wiring.Component):
                      refetch_full.eq(program_len >= control.pc + FETCH_BURST)]
         with m.If(refetch & ~control.store_busy & ~reader_busy):
             m.d.comb += words.flush.eq(1)
-            m.d.sync += [refetch.eq(0), fetch_stop.eq(0), fetch_addr.eq(refetch_addr),
+            m.d.comb += refetch_next.eq(0)
+            m.d.sync += [fetch_stop.eq(0), fetch_addr.eq(refetch_addr),
                          fetch_more.eq(refetch_more), fetch_full.eq(refetch_full)]
             m.d.comb += fetch_left_next.eq(refetch_left)
 
@@ -229,7 +234,8 @@ class Fetcher(wiring.Component):
         with m.If(control.begin):
             m.d.comb += words.flush.eq(1)
             m.d.comb += fetch_left_next.eq(control.prog_len)
-            m.d.sync += [fetch_addr.eq(control.prog_addr), fetch_stop.eq(0), refetch.eq(0),
+            m.d.comb += refetch_next.eq(0)
+            m.d.sync += [fetch_addr.eq(control.prog_addr), fetch_stop.eq(0),
                          fetch_more.eq(control.prog_len != 0),
                          fetch_full.eq(control.prog_len >= FETCH_BURST)]
         with m.If(words.flush):

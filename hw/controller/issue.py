@@ -9,7 +9,7 @@ from ..isa import INSTR_BYTES, ErrorCode
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
 from .signatures import (KIND_OPCODES, Decoded, Fault, HostLinkSignature,
-                         NextHeadSignature, PerfCounters, UnitSignature)
+                         NextHeadSignature, PerfCounters, UnitSignature, status_copy)
 from .store_unit import StoreStatus
 from .streamer import WRITEBACK_SLOTS, StreamStatus
 from .weight_loader import WeightStatus
@@ -80,7 +80,15 @@ class IssueStage(wiring.Component):
                                          self.stream.status, self.store.status)
 
         # ------------------------------------------------------------ run state
-        running = Signal()           # between start and done/error
+        def with_next(name):
+            """A flip-flop and what it holds from the next edge (assigned in ``comb``;
+            it holds otherwise): the issue decision's flag reads the next values."""
+            register, value_next = Signal(name=name), Signal(name=f"{name}_next")
+            m.d.comb += value_next.eq(register)
+            m.d.sync += register.eq(value_next)
+            return register, value_next
+
+        running, running_next = with_next("running")     # between start and done/error
         m.d.sync += Assert(~(counters_reset & running),
                            "issue stage: running in the cycle after a reset")
         halting = Signal()           # a soft reset is pending (the core reset clears it)
@@ -117,14 +125,15 @@ class IssueStage(wiring.Component):
         ]
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
-        start_while_busy = Signal()
+        start_while_busy, start_while_busy_next = with_next("start_while_busy")
         with m.If(start & running):
-            m.d.sync += start_while_busy.eq(1)
+            m.d.comb += start_while_busy_next.eq(1)
         with m.If(~running):
-            m.d.sync += start_while_busy.eq(0)
+            m.d.comb += start_while_busy_next.eq(0)
         prog_len = Signal(32)
-        at_prog_end = Signal()       # host.pc == prog_len, registered with the pc
-        stopping = Signal()
+        # host.pc == prog_len, registered with the pc
+        at_prog_end, at_prog_end_next = with_next("at_prog_end")
+        stopping, stopping_next = with_next("stopping")
         stop_code = Signal(8)
         stop_pc = Signal(32)
 
@@ -230,7 +239,23 @@ class IssueStage(wiring.Component):
                                         for name, terms in waits.items()]).any())
 
         # ------------------------------------------------------------ issue
+        # The decision: the run may issue (``go``, and no ``refetch``), and the head's kind,
+        # while it is valid and not faulty (the decoder's ``issuable``), waits for none of
+        # its units. Each comes from flip-flops made for it, loaded with its original's next
+        # value (the originals serve the rest of the stage, the units and the decoder, and
+        # were placed by them: the routes from ``running``, ``refetch`` and the head's kind
+        # flags came before the decision's LUTs on the 4x4's longest paths). The chain
+        # below, which raises the errors and counts the stalls, decides the same (asserted).
+        go = status_copy(m, "issue_go",
+                         running & ~stopping & ~start_while_busy & ~at_prog_end,
+                         running_next & ~stopping_next & ~start_while_busy_next &
+                         ~at_prog_end_next)
+        issuable = self.next_head.issuable
         issue = Signal()
+        m.d.comb += issue.eq(go & ~self.fetch.refetch &
+                             Cat(*[issuable[name] & ~Cat(*terms).any()
+                                   for name, terms in waits.items()]).any())
+        decided = Signal()
         issue_fault = Signal(Fault)
         m.d.comb += issue_fault.pc.eq(host.pc)
 
@@ -257,7 +282,8 @@ class IssueStage(wiring.Component):
                 with m.Else():
                     m.d.sync += perf.stall_array.eq(perf.stall_array + 1)
             with m.Else():
-                m.d.comb += issue.eq(1)
+                m.d.comb += decided.eq(1)
+        m.d.sync += Assert(issue == decided, "issue stage: the decision's flags out of step")
         m.d.comb += self.decoded.ready.eq(issue)
 
         units = {
@@ -279,9 +305,11 @@ class IssueStage(wiring.Component):
         with m.If(issue):
             m.d.sync += perf.instructions.eq(perf.instructions + 1)
             with m.If(kind.end):
-                m.d.sync += [running.eq(0), host.done.eq(1)]
+                m.d.comb += running_next.eq(0)
+                m.d.sync += host.done.eq(1)
             with m.Else():
-                m.d.sync += [host.pc.eq(host.pc + 1), at_prog_end.eq(host.pc + 1 == prog_len)]
+                m.d.sync += host.pc.eq(host.pc + 1)
+                m.d.comb += at_prog_end_next.eq(host.pc + 1 == prog_len)
         with m.If(stream_.busy):
             m.d.sync += perf.array_rows.eq(perf.array_rows + 1)
         # A row's MACs come a cycle after it (0 in a cycle after none).
@@ -351,15 +379,14 @@ class IssueStage(wiring.Component):
             best_code = best_code | Mux(wins, code_k, 0)
             best_pc = best_pc | Mux(wins, pc_k, 0)
         with m.If(running):
-            m.d.sync += [stopping.eq(best_valid), stop_code.eq(best_code),
-                         stop_pc.eq(best_pc)]
+            m.d.comb += stopping_next.eq(best_valid)
+            m.d.sync += [stop_code.eq(best_code), stop_pc.eq(best_pc)]
         all_idle = (~load.busy & ~weights.busy & drained & ~store.busy &
                     ~self.fetch.reader_busy & ~self.fetch.refetch)
         with m.If(running & stopping & all_idle):
-            m.d.sync += [
-                running.eq(0), stopping.eq(0), host.error.eq(1),
-                host.error_code.eq(stop_code), host.error_pc.eq(stop_pc),
-            ]
+            m.d.comb += [running_next.eq(0), stopping_next.eq(0)]
+            m.d.sync += [host.error.eq(1), host.error_code.eq(stop_code),
+                         host.error_pc.eq(stop_pc)]
 
         # ------------------------------------------------------------ start
         # ``begin`` (not running, a start) from a flip-flop: it restarts the fetcher and the
@@ -367,19 +394,18 @@ class IssueStage(wiring.Component):
         # 8x8's longest paths. Loaded with its next value: a start seen in the next cycle,
         # no soft reset pending then, and not running then (not now, or this cycle's END or
         # stop ends the run: no start follows a start within four cycles, HostLinkSignature).
-        running_next = running & ~(issue & kind.end) & ~(stopping & all_idle)
-        m.d.sync += begin.eq(host.start & ~halting & ~host.soft_reset & ~running_next)
+        running_after = running & ~(issue & kind.end) & ~(stopping & all_idle)
+        m.d.sync += begin.eq(host.start & ~halting & ~host.soft_reset & ~running_after)
         m.d.sync += Assert(begin == (~running & start), "issue stage: begin out of step")
         with m.If(begin):
             m.d.sync += [
                 host.done.eq(0), host.error.eq(0), host.error_code.eq(0),
-                host.error_pc.eq(0), host.pc.eq(0), at_prog_end.eq(prog_len_seen == 0),
-                cycles.eq(1),
-                stopping.eq(0), perf.eq(0),
+                host.error_pc.eq(0), host.pc.eq(0), cycles.eq(1), perf.eq(0),
                 prog_len.eq(prog_len_seen),
             ]
+            m.d.comb += [at_prog_end_next.eq(prog_len_seen == 0), stopping_next.eq(0)]
             with m.If(program_bad):
                 m.d.sync += [host.error.eq(1), host.error_code.eq(ErrorCode.PROGRAM)]
             with m.Else():
-                m.d.sync += running.eq(1)
+                m.d.comb += running_next.eq(1)
         return m
