@@ -11,7 +11,7 @@ from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
 from ..pe import dsp_pes, mult18x18d
 from .fetcher import WordsSignature
 from .signatures import (KIND_OPCODES, Decoded, Issuable, NextHeadSignature, RowRange,
-                         status_copy)
+                         decoded_slices, status_copy)
 
 
 __all__ = ["Decoder", "LATENCY"]
@@ -33,27 +33,11 @@ class _CheckFlags(data.Struct):
     acc_range:  1
 
 
-def _slices(*groups, widest=33):
-    """The bit ranges ``(start, stop)`` of :class:`Decoded` that ``groups`` of its fields
-    take, a group wider than ``widest`` bits cut into pieces of at most that many."""
-    layout = data.Layout.cast(Decoded)
-    assert sorted(sum(groups, ())) == sorted(name for name, _ in layout)
-    ranges = []
-    for group in groups:
-        start = min(layout[name].offset for name in group)
-        stop = max(layout[name].offset + layout[name].width for name in group)
-        assert stop - start == sum(layout[name].width for name in group), group
-        pieces = -(-(stop - start) // widest)
-        ranges += [(start + (stop - start) * k // pieces, start + (stop - start) * (k + 1) //
-                    pieces) for k in range(pieces)]
-    return tuple(ranges)
-
-
 #: The head register's slices (bit ranges of :class:`Decoded`), each loaded under its own
 #: copy of the head's valid flag, none wider than 33 bits: the instruction (for the units,
 #: which follow the head while idle) in four, its DRAM bytes, its rows, and what the issue
 #: stage decides from.
-HEAD_SLICES = _slices(("instr",), ("lo",), ("hi",), ("spad",), ("acc",),
+HEAD_SLICES = decoded_slices(("instr",), ("lo",), ("hi",), ("spad",), ("acc",),
                       ("check", "bus_error", "kind"))
 
 

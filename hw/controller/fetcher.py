@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from ..isa import INSTR_BYTES, Instruction
-from .signatures import ReaderSignature, status_copy
+from .signatures import ReaderSignature, flag_with_next, status_copy
 
 
 __all__ = ["Fetcher", "FetchControlSignature", "FetchedWord", "WordsSignature"]
@@ -121,10 +121,8 @@ class Fetcher(wiring.Component):
                            (fetch_full == (fetch_left >= FETCH_BURST)),
                            "fetcher: the fetch count's flags out of step")
         fetch_stop = Signal()        # a fetch failed: the queue ends in its error entry
-        refetch = Signal()           # a store over the program: refetch after it
-        refetch_next = Signal()      # what ``refetch`` holds from the next edge
-        m.d.comb += refetch_next.eq(refetch)
-        m.d.sync += refetch.eq(refetch_next)
+        # A store over the program: refetch after it.
+        refetch, refetch_next = flag_with_next(m, "refetch")
         reader_busy = Signal()
         reader_is_load = Signal()    # the command in the reader is the load unit's
         # The issue stage reads a copy of its own (its decision's first input).

@@ -9,7 +9,8 @@ from ..isa import INSTR_BYTES, ErrorCode
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
 from .signatures import (KIND_OPCODES, Decoded, Fault, HostLinkSignature,
-                         NextHeadSignature, PerfCounters, UnitSignature, status_copy)
+                         NextHeadSignature, PerfCounters, UnitSignature, flag_with_next,
+                         status_copy)
 from .store_unit import StoreStatus
 from .streamer import WRITEBACK_SLOTS, StreamStatus
 from .weight_loader import WeightStatus
@@ -80,15 +81,7 @@ class IssueStage(wiring.Component):
                                          self.stream.status, self.store.status)
 
         # ------------------------------------------------------------ run state
-        def with_next(name):
-            """A flip-flop and what it holds from the next edge (assigned in ``comb``;
-            it holds otherwise): the issue decision's flag reads the next values."""
-            register, value_next = Signal(name=name), Signal(name=f"{name}_next")
-            m.d.comb += value_next.eq(register)
-            m.d.sync += register.eq(value_next)
-            return register, value_next
-
-        running, running_next = with_next("running")     # between start and done/error
+        running, running_next = flag_with_next(m, "running")   # between start and done/error
         m.d.sync += Assert(~(counters_reset & running),
                            "issue stage: running in the cycle after a reset")
         halting = Signal()           # a soft reset is pending (the core reset clears it)
@@ -110,11 +103,10 @@ class IssueStage(wiring.Component):
             return (addr[:4] != 0) | (length == 0) | (addr + length * INSTR_BYTES > (1 << 32))
         program_bad = Signal()
         m.d.sync += program_bad.eq(bad_program(prog_addr_seen, prog_len_seen))
-        m.d.sync += Assert(~start_seen | ((prog_addr_seen == host.prog_addr) &
-                                          (prog_len_seen == host.prog_len) &
-                                          (program_bad ==
-                                           bad_program(prog_addr_seen, prog_len_seen))),
-                           "issue stage: a program register changed in the cycle of a start")
+        m.d.sync += Assert(
+            ~start_seen | ((prog_addr_seen == host.prog_addr) & (prog_len_seen == host.prog_len)
+                           & (program_bad == bad_program(prog_addr_seen, prog_len_seen))),
+            "issue stage: a program register changed in the cycle of a start")
         start = Signal()
         begin = Signal()             # ~running & start, from a flip-flop (see below)
         m.d.comb += [
@@ -125,15 +117,14 @@ class IssueStage(wiring.Component):
         ]
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
-        start_while_busy, start_while_busy_next = with_next("start_while_busy")
+        start_while_busy, start_while_busy_next = flag_with_next(m, "start_while_busy")
         with m.If(start & running):
             m.d.comb += start_while_busy_next.eq(1)
         with m.If(~running):
             m.d.comb += start_while_busy_next.eq(0)
         prog_len = Signal(32)
-        # host.pc == prog_len, registered with the pc
-        at_prog_end, at_prog_end_next = with_next("at_prog_end")
-        stopping, stopping_next = with_next("stopping")
+        at_prog_end, at_prog_end_next = flag_with_next(m, "at_prog_end")  # pc == prog_len
+        stopping, stopping_next = flag_with_next(m, "stopping")
         stop_code = Signal(8)
         stop_pc = Signal(32)
 
@@ -239,13 +230,11 @@ class IssueStage(wiring.Component):
                                         for name, terms in waits.items()]).any())
 
         # ------------------------------------------------------------ issue
-        # The decision: the run may issue (``go``, and no ``refetch``), and the head's kind,
-        # while it is valid and not faulty (the decoder's ``issuable``), waits for none of
-        # its units. Each comes from flip-flops made for it, loaded with its original's next
-        # value (the originals serve the rest of the stage, the units and the decoder, and
-        # were placed by them: the routes from ``running``, ``refetch`` and the head's kind
-        # flags came before the decision's LUTs on the 4x4's longest paths). The chain
-        # below, which raises the errors and counts the stalls, decides the same (asserted).
+        # The decision: the run may issue (``go``, no ``refetch``) and the head's kind while
+        # valid and not faulty (the decoder's ``issuable``) waits for none of its units,
+        # each from copies made for it (the originals, placed by their other loads, had
+        # routes before the decision's LUTs on the 4x4's longest paths). The chain below
+        # (errors, stall counts) decides the same (asserted).
         go = status_copy(m, "issue_go",
                          running & ~stopping & ~start_while_busy & ~at_prog_end,
                          running_next & ~stopping_next & ~start_while_busy_next &
@@ -317,13 +306,14 @@ class IssueStage(wiring.Component):
 
         m.d.comb += [
             self.fetch.begin.eq(begin),
-            # Not once END is at the head: it is the last word the program needs, and the
-            # reader's command must not start in the cycle END issues. (From the head, not
-            # from the issue: the decision to fetch does not wait for the hazard checks.)
-            self.fetch.enable.eq(running & ~stopping & ~self.next_head.end_at_head),
+            # Not once END is at the head (the last word needed; the reader's command must
+            # not start in the cycle END issues), from the head, not the issue; running and
+            # not stopping from a copy by the fetcher (stopping's route led a group).
+            self.fetch.enable.eq(status_copy(m, "fetch_go", running & ~stopping,
+                                             running_next & ~stopping_next) &
+                                 ~self.next_head.end_at_head),
             self.fetch.halt.eq(halting),
-            # Read in the cycle of begin: the copies of the host's registers as they are
-            # latched.
+            # Read in the cycle of begin: the copies of the host's registers being latched.
             self.fetch.prog_addr.eq(prog_addr_seen),
             self.fetch.prog_len.eq(prog_len_seen),
             self.fetch.pc.eq(host.pc),
@@ -332,8 +322,7 @@ class IssueStage(wiring.Component):
             self.fetch.store_hi.eq(head.hi),
             self.fetch.store_busy.eq(store.busy),
         ]
-        # The fetcher's registered program end is stale only in the cycle of begin, and a
-        # store issues only while running (begin is while not).
+        # The fetcher's program end is stale only in the cycle of begin (not while running).
         m.d.sync += Assert(~(self.fetch.begin & self.fetch.store_issued),
                            "issue stage: a store in the cycle of begin")
         # The fetcher refetches from pc as registered a cycle before: nothing issues while

@@ -10,7 +10,8 @@ from ..isa import Instruction, Opcode, QuantMode
 
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
            "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
-           "status_copy", "KIND_OPCODES", "Kind", "Decoded", "Issuable", "NextHeadSignature"]
+           "status_copy", "flag_with_next", "KIND_OPCODES", "Kind", "Decoded",
+           "decoded_slices", "Issuable", "NextHeadSignature"]
 
 
 class PerfCounters(data.Struct):
@@ -112,6 +113,15 @@ def status_copy(m, name, original, value_next, *, init=None):
     return copy
 
 
+def flag_with_next(m, name):
+    """A flip-flop and what it holds from the next edge: assign the second in ``comb`` (the
+    flip-flop holds otherwise), so that copies (:func:`status_copy`) can load it."""
+    flag, flag_next = Signal(name=name), Signal(name=f"{name}_next")
+    m.d.comb += flag_next.eq(flag)
+    m.d.sync += flag.eq(flag_next)
+    return flag, flag_next
+
+
 def ReaderSignature(row_bits):
     """A share of the DMA reader, as its user sees it: a block command, the rows it reads
     (one per cycle, never stalled), and ``done`` (with ``error`` on a bus error) at its end."""
@@ -195,6 +205,22 @@ class Decoded(data.Struct):
     check:     8
     bus_error: 1
     kind:      Kind
+
+
+def decoded_slices(*groups, widest=33):
+    """The bit ranges ``(start, stop)`` of :class:`Decoded` that ``groups`` of its fields
+    take, a group wider than ``widest`` bits cut into pieces of at most that many."""
+    layout = data.Layout.cast(Decoded)
+    assert sorted(sum(groups, ())) == sorted(name for name, _ in layout)
+    ranges = []
+    for group in groups:
+        start = min(layout[name].offset for name in group)
+        stop = max(layout[name].offset + layout[name].width for name in group)
+        assert stop - start == sum(layout[name].width for name in group), group
+        pieces = -(-(stop - start) // widest)
+        ranges += [(start + (stop - start) * k // pieces, start + (stop - start) * (k + 1) //
+                    pieces) for k in range(pieces)]
+    return tuple(ranges)
 
 
 #: One flag per :data:`KIND_OPCODES` kind: :class:`NextHeadSignature`'s ``issuable``.
