@@ -167,13 +167,13 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
 #: enable, once per lane, the core reset, once per block (hw/top.py) and per lane of the
 #: requantization state, the decoder's head and front valid flags, once per slice, the DMA
 #: writer's state, once per word of its beats, the DMA reader's row offset, once per byte
-#: lane, and its row's clear, once per word, and the units' status flags the issue stage
+#: lane, and its row's clear and beat enable, once per word, and the flags the issue stage
 #: reads (``status_copy``). After ``proc``.
 KEEP_APART = ("setattr -set keep 1 w:*weight_shift_row_* w:*forward_lane_* %u "
               "w:*param_lane_* %u w:*select_lane_* %u w:*core_reset_* %u "
               "w:*head_valid_slice_* %u w:*front_valid_slice_* %u w:*stage_lane_* %u "
               "w:*state_word_* %u w:*offset_lane_* %u w:*clear_word_* %u w:*status_copy_* %u "
-              "%ci1 c:* %i")
+              "w:*beat_word_* %u %ci1 c:* %i")
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}
