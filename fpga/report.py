@@ -438,10 +438,12 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   block RAM is read through its output register, the accumulator's read-modify-write is a
   pipeline with forwarding, the requantizer registers its input and each of its ten stages
   holds at most one wide shift, multiply, add or clamp (no logic beside the routes into and
-  out of its DSPs; one set of lanes for both modes), `STORE_Q` streams its rows, the issue
-  stage compares a cycle ahead from flip-flops (decoded kinds, registered unit statuses,
-  copies of the units' busy flags that serve it alone, END at the head from the decoder's
-  own flip-flop), faults reach the error arbiter from flip-flops, the fetcher keeps the
+  out of its DSPs; one set of lanes for both modes), `STORE_Q` streams its rows, the
+  decoder checks an instruction's DRAM range in a stage of its own, the issue stage
+  compares a cycle ahead and decides from flip-flops made for the decision (the head's
+  issuable kinds, one flag for the run's state, copies of the fetcher's refetch and of the
+  units' busy flags, END at the head from the decoder's own flip-flop), faults reach the
+  error arbiter from flip-flops, the fetcher keeps the
   program and makes its refetch from registers, and no reset reaches a data register
   that a valid flag qualifies (the core reset, registered once per block of the
   controller, per PE row of the array and once each for the DMA and the accumulator, and
@@ -449,28 +451,31 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   The DMA writer takes each row into a one-row buffer, shifted onto its beats as it
   enters, each word of the beats under its own copies of the writer's state, and the
   reader ends a row at a flag queued with its last burst (the queue's oldest entry a
-  flip-flop, the row's end made a cycle ahead), its offset copied per byte lane;
+  flip-flop, the row's end made a cycle ahead), its offset copied per byte lane and its
+  beat enable per word;
   the requantizer's lanes copy their parameters (the right shift once per quarter of its
   shifter, the masks made from it over two more cycles; the float window's mask from the
   integer point beside stages 6 and 7), the store unit its row selects, the load unit its
   staging enable, and the decoder's head and front registers load in nine slices under
-  copies of their valid flags. What is left is mostly wire: 1,300 to 1,400 (4x4) and
-  2,400 to 2,700 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), the worst
-  by 3.1 to 3.7 (4x4) and 4.1 ns (8x8), most groups by 2 to 4 ns:
+  copies of their valid flags. What is left is mostly wire: 1,200 to 1,500 (4x4) and
+  2,000 to 2,500 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), the worst
+  by 3.3 to 3.5 (4x4) and 3.6 to 4.2 ns (8x8), most groups by 2 to 4 ns:
   paths of four to eight
   routes of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
   columns spread the design over the die), with a few LUTs or a carry chain between them,
   some twenty groups within 1 ns of the worst, so that which one a placement stretches
   decides the figure (two seeds of one netlist have differed by 11 MHz on the 4x4 and 27
   on the 8x8, whose router sometimes clears its last overused wires only by detours). The
-  largest groups (docs/fpga-timing.md has the latest list): the requantizer's stages (its
-  shifter and masks, its input into the first, its result into the `STORE_Q` queue), the
-  accumulator's sum, the streamer's writeback slots, the issue decision into the decoder's head
-  and front registers, the weight loader and the performance counters, the DMA reader's
-  address registers from the fetcher's grant, and the array's results into the issue
-  stage's hazard flags. Each needs a register at a block boundary or a copy per lane, and
-  the issue decision a cycle of its own (an issue stage pipelined one instruction ahead),
-  or the blocks kept together on the die.
+  largest groups (docs/fpga-timing.md has the latest list): the issue decision (four LUT
+  levels from its flags) into the decoder's head and front registers, the weight loader and
+  the units; the DMA reader's address registers from the load unit's command through the
+  fetcher's grant; the DMA writer's state into its per-word copies; the harness's inputs
+  into the host; the requantizer's stages; the array's results into the issue stage's
+  hazard flags. A plain register on the decision or on the reader's command costs more
+  than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points on
+  16 x 64 x 64), so the decision would have to be made a cycle ahead for both candidate
+  heads and the command's first-row geometry by its requester; or the blocks kept
+  together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
