@@ -38,7 +38,7 @@ class _CheckFlags(data.Struct):
 #: which follow the head while idle) in four, its DRAM bytes, its rows, and what the issue
 #: stage decides from.
 HEAD_SLICES = decoded_slices(("instr",), ("lo",), ("hi",), ("spad",), ("acc",),
-                      ("check", "bus_error", "kind"))
+                             ("check", "bus_error", "kind"))
 
 
 class Decoder(wiring.Component):

@@ -284,7 +284,8 @@ class StoreUnit(wiring.Component):
         m.d.comb += writer.row.valid.eq(in_row | queued_valid)
         m.d.sync += [
             Assert(in_row == fsm.ongoing("ROW"), "store unit: ROW out of step"),
-            Assert(~queued_valid | fsm.ongoing("STREAM"), "store unit: a STORE_Q row left over"),
+            Assert(~queued_valid | fsm.ongoing("STREAM"),
+                   "store unit: a STORE_Q row left over"),
         ]
         # Idle kept in a flip-flop beside the state (the issue stage decides from it): left
         # with the command, entered with the transitions into IDLE above.
