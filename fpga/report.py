@@ -13,6 +13,7 @@ of worker processes, the largest first (:func:`plan`).
 """
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -277,6 +278,22 @@ def _failed(failures):
               for (name, top, seed), message in sorted(failures.items()))]
 
 
+def _rtl_ends(critical):
+    """`` from `hw/a.py:N` to `hw/b.py:M` ``: the source lines of the path's first and last
+    registers (``critical["rtl"]``, from the netlist's ``src``), or ``""`` without them. A
+    register of Amaranth's ``with m.FSM()`` has only ``contextlib.py`` as its source: it is
+    named as an FSM's state."""
+    ends = []
+    for entry in critical.get("rtl") or []:
+        source = entry.split(" ", 1)[-1]
+        ends.append(f"`{source}`" if source.startswith("hw/") else
+                    "an FSM's state" if source.endswith("contextlib.py:144") else
+                    f"`{os.path.basename(source)}`")
+    if len(ends) < 2:
+        return ""
+    return f"; its registers from {ends[0]} to {ends[-1]}"
+
+
 def _endpoints(rows):
     lines = []
     for row in rows:
@@ -287,7 +304,7 @@ def _endpoints(rows):
                          f"`{_cell(critical['from'])}` -> `{_cell(critical['to'])}`, "
                          f"{critical['delay_ns']:.2f} ns of which {critical['logic_ns']:.2f} "
                          f"logic, {len(critical['steps'])} steps, mostly in "
-                         f"{_through(critical)}")
+                         f"{_through(critical)}{_rtl_ends(critical)}")
     return lines
 
 
@@ -399,6 +416,12 @@ def render(npu, array, baselines=(), options=None, others=(), failures=None):
         ]
     lines += [
         "## Critical paths",
+        "",
+        "Each best run's worst path: its first and last cells as nextpnr names them (after "
+        "the nets they drive, so often after another block's), its delay, the block its "
+        "steps spend most of it in, and its first and last registers by their source lines "
+        "in the netlist (`python -m fpga.sta <build> --period 8 --paths` lists every "
+        "failing group so).",
         "",
         *_endpoints(npu_rows + array_rows),
         "",

@@ -463,6 +463,23 @@ def test_render_shows_best_median_and_seeds():
     assert any(line.startswith("The 16 x 16 array is not in the default list") for line in page)
 
 
+def test_render_names_the_critical_paths_registers_by_source_line():
+    """The critical path's registers by their source lines, as flow.read_report finds them
+    in the netlist (an FSM's state register has only contextlib's line)."""
+    run = _fake_report("4x4", "npu", 1, 47.0, 10)
+    run["critical_path"]["rtl"] = [
+        "TRELLIS_FF /usr/lib/python3.11/contextlib.py:144", "TRELLIS_FF hw/dma/writer.py:234"]
+    plain = _fake_report("8x8", "npu", 1, 49.0, 10)
+    plain["critical_path"]["rtl"] = ["TRELLIS_FF hw/systolic.py:157"]
+    page = render([run, plain], []).splitlines()
+    assert ("* 4x4 npu, seed 1: `design.dma.reader.beat_1` -> `design.controller.held$12`, "
+            "19.31 ns of which 1.94 logic, 2 steps, mostly in dma; its registers from an "
+            "FSM's state to `hw/dma/writer.py:234`") in page
+    # One source line only: no ends named.
+    assert ("* 8x8 npu, seed 1: `design.dma.reader.beat_1` -> `design.controller.held$12`, "
+            "19.31 ns of which 1.94 logic, 2 steps, mostly in dma") in page
+
+
 def _fake_run(config, options, log=print):
     """Stands for :func:`fpga.flow.run` in the report's workers: the 2x2 NPU fails."""
     if config.name == "2x2":
