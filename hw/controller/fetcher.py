@@ -7,7 +7,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from ..isa import INSTR_BYTES, Instruction
-from .signatures import ReaderSignature, flag_with_next, status_copy
+from ..copies import flag_with_next
+from .signatures import ReaderSignature, status_copy
 
 
 __all__ = ["Fetcher", "FetchControlSignature", "FetchedWord", "WordsSignature"]

@@ -5,12 +5,12 @@ from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..copies import flag_with_next
 from ..isa import INSTR_BYTES, ErrorCode
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
 from .signatures import (KIND_OPCODES, Decoded, Fault, HostLinkSignature,
-                         NextHeadSignature, PerfCounters, UnitSignature, flag_with_next,
-                         status_copy)
+                         NextHeadSignature, PerfCounters, UnitSignature, status_copy)
 from .store_unit import StoreStatus
 from .streamer import WRITEBACK_SLOTS, StreamStatus
 from .weight_loader import WeightStatus

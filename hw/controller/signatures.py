@@ -10,7 +10,7 @@ from ..isa import Instruction, Opcode, QuantMode
 
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
            "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
-           "status_copy", "flag_with_next", "KIND_OPCODES", "Kind", "Decoded",
+           "status_copy", "KIND_OPCODES", "Kind", "Decoded",
            "decoded_slices", "Issuable", "NextHeadSignature"]
 
 
@@ -111,15 +111,6 @@ def status_copy(m, name, original, value_next, *, init=None):
     m.d.sync += copy.eq(value_next)
     m.d.sync += Assert(copy == original, f"the issue stage's copy of {name} out of step")
     return copy
-
-
-def flag_with_next(m, name):
-    """A flip-flop and what it holds from the next edge: assign the second in ``comb`` (the
-    flip-flop holds otherwise), so that copies (:func:`status_copy`) can load it."""
-    flag, flag_next = Signal(name=name), Signal(name=f"{name}_next")
-    m.d.comb += flag_next.eq(flag)
-    m.d.sync += flag.eq(flag_next)
-    return flag, flag_next
 
 
 def ReaderSignature(row_bits):

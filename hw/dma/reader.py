@@ -5,6 +5,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axi import AXI4ReadSignature, Burst, Resp
+from ..copies import flag_with_next
 from .bursts import MAX_READS_OUTSTANDING, BlockCommand, ceil_div, geometry_for
 from .length_queue import LengthQueue
 
@@ -74,10 +75,8 @@ class DMAReader(wiring.Component):
                      for lane in range(bus_bytes)]
         r_rows_left = Signal(16, reset_less=True)
         r_error = Signal()
-        r_abort = Signal()          # a framing error: drain the bursts asked for, then end
-        r_abort_next = Signal()     # what r_abort holds from the next edge
-        m.d.comb += r_abort_next.eq(r_abort)
-        m.d.sync += r_abort.eq(r_abort_next)
+        # A framing error: drain the bursts asked for, then end.
+        r_abort, r_abort_next = flag_with_next(m, "r_abort")
         r_burst_beat = Signal(8)    # beat within the burst at the head of read_lengths
         row_bytes = Signal(16, reset_less=True)
         stride = Signal(32, reset_less=True)
