@@ -25,12 +25,30 @@ UNIT_OF = {Opcode.LOAD_SPAD: "load", Opcode.LOAD_ACC: "load", Opcode.LOAD_QUANT:
 COUNTERS = ("stall_fetch", "stall_load", "stall_store", "stall_array", "instructions")
 
 
-def set_status(ctx, dut, **statuses):
+def ahead_flags(dut, unit, status):
+    """The flags of ``status`` that a unit's ``ahead`` holds (``in_use``: the writes' valid
+    flags)."""
+    names = getattr(dut, unit).status.ahead.idle.shape().members
+    writes = status.get("writes", [])
+    return {name: (sum(write.get("valid", 0) << i for i, write in enumerate(writes))
+                   if name == "in_use" else status.get(name, 0)) for name in names}
+
+
+def set_status(ctx, dut, *, after=None, taken=None, **statuses):
     """Every unit's status idle, but for ``unit={field: value}`` in ``statuses``; a
-    ``fetch`` entry sets ``reader_busy`` and ``refetch``."""
+    ``fetch`` entry sets ``reader_busy`` and ``refetch``. The units' flags after the next
+    edge (``ahead``) are these, both ways, but for a unit in ``after`` (its status after the
+    edge, either way) or in ``taken`` (its status after the edge if it takes a command now):
+    the units' contract, which the issue stage decides from a cycle ahead."""
     fetch = statuses.pop("fetch", {})
+    after, taken = after or {}, taken or {}
     for unit, idle in IDLE.items():
-        ctx.set(getattr(dut, unit).status, {**idle, **statuses.get(unit, {})})
+        status = {**idle, **statuses.get(unit, {})}
+        status_after = {**idle, **after.get(unit, statuses.get(unit, {}))}
+        status_taken = {**idle, **taken.get(unit, status_after)}
+        ctx.set(getattr(dut, unit).status, {
+            **status, "ahead": {"idle": ahead_flags(dut, unit, status_after),
+                                "taken": ahead_flags(dut, unit, status_taken)}})
     ctx.set(dut.fetch.reader_busy, fetch.get("reader_busy", 0))
     ctx.set(dut.fetch.refetch, fetch.get("refetch", 0))
 
@@ -54,6 +72,7 @@ def set_head(ctx, dut, word, *, valid=1, **fields):
     ctx.set(dut.decoded.payload, payload)
     ctx.set(dut.decoded.valid, valid)
     ctx.set(dut.next_head.load, 0)
+    ctx.set(dut.next_head.front, 0)
     ctx.set(dut.next_head.end_at_head, valid and word == END)
     kind = payload["kind"]
     ctx.set(dut.next_head.issuable, {name: int(valid and not kind["faulty"] and kind[name])
@@ -283,6 +302,7 @@ def test_hazards():
                 set_head(ctx, dut, END, valid=0)
                 ctx.set(dut.next_head.entry, decoded(word, lo=lo, hi=hi))
                 ctx.set(dut.next_head.load, 1)
+                ctx.set(dut.next_head.front, 1)
             else:
                 set_head(ctx, dut, word, lo=lo, hi=hi, valid=0)
             await ctx.tick()
@@ -328,10 +348,11 @@ def test_hazard_with_the_instruction_issued_just_before(unit, statuses):
     first = MATMUL if unit == "stream" else preload(4)
     async def body(ctx, dut):
         await start(ctx, dut)
-        set_status(ctx, dut, **{unit: statuses[0]})
+        set_status(ctx, dut, taken={unit: statuses[1]}, **{unit: statuses[0]})
         set_head(ctx, dut, first)
         ctx.set(dut.next_head.entry, decoded(LOAD_SPAD, lo=0x2000, hi=0x2006))
         ctx.set(dut.next_head.load, 1)
+        ctx.set(dut.next_head.front, 1)
         assert ctx.get(getattr(dut, unit).cmd.valid) == 1
         await ctx.tick()
         set_status(ctx, dut, **{unit: statuses[1]})
@@ -526,10 +547,13 @@ def test_no_fetch_with_end_at_the_head():
         await start(ctx, dut)
         await issue_preloads(ctx, dut, 2)
         assert ctx.get(dut.fetch.enable) == 1
-        set_status(ctx, dut, load={"busy": 1})
+        set_status(ctx, dut, load={"busy": 1})      # busy from the next cycle on
+        await ctx.tick()
         set_head(ctx, dut, END)
-        for _ in range(3):
+        for cycle in range(3):
             assert (ctx.get(dut.fetch.enable), ctx.get(dut.decoded.ready)) == (0, 0)
+            if cycle == 2:                          # idle from the next cycle on
+                set_status(ctx, dut, after={"load": {}}, load={"busy": 1})
             await ctx.tick()
         set_status(ctx, dut)
         assert ctx.get(dut.decoded.ready) == 1

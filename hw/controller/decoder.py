@@ -387,7 +387,7 @@ class Decoder(wiring.Component):
         m.d.comb += queue.r_en.eq(~front_copies[0] | taken)
         with m.If(taken):
             m.d.comb += [words.taken.eq(1), self.next.load.eq(1)]
-        m.d.comb += self.decoded.valid.eq(copies[0])
+        m.d.comb += [self.decoded.valid.eq(copies[0]), self.next.front.eq(front_copies[0])]
         for name, flags in (("head", copies), ("front", front_copies)):
             m.d.sync += Assert(Cat(*flags).all() | ~Cat(*flags).any(),
                                f"decoder: the {name}'s valid copies differ")

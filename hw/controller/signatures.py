@@ -1,6 +1,6 @@
 """The layouts and signatures the controller's blocks talk through, defined once."""
 
-from amaranth.hdl import Assert, Signal, Value, signed
+from amaranth.hdl import Assert, Const, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -11,7 +11,8 @@ from ..isa import Instruction, Opcode, QuantMode
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
            "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
            "status_copy", "KIND_OPCODES", "Kind", "Decoded",
-           "decoded_slices", "Issuable", "NextHeadSignature"]
+           "decoded_slices", "Issuable", "NextHeadSignature", "UNIT_KINDS", "Ahead",
+           "ahead_of"]
 
 
 class PerfCounters(data.Struct):
@@ -75,6 +76,25 @@ class Issued(data.Struct):
     hi:    33
     spad:  RowRange
     acc:   RowRange
+
+
+def Ahead(flags):
+    """A unit's status flags (a dict of names and widths) as they will be after the next
+    edge, both ways: ``idle`` if the unit takes no command in this cycle, ``taken`` if it
+    takes the one offered (its flip-flops and the command's payload decide both, not
+    ``cmd.valid``), so that the issue stage's hazard checks can be made a cycle ahead with
+    only its own decision left to choose between them (:class:`~.hazards.Hazards`)."""
+    flags = data.StructLayout(flags)
+    return data.StructLayout({"idle": flags, "taken": flags})
+
+
+def ahead_of(m, ahead, flags_next):
+    """Drive ``ahead`` (an :func:`Ahead` view) from ``flags_next(taken)``, the unit's flags
+    after the next edge as a function of whether it takes a command now, which the unit
+    also calls with ``cmd.valid`` to load its copies of them: one function, so the two agree."""
+    for way, taken in (("idle", 0), ("taken", 1)):
+        for name, value in flags_next(Const(taken)).items():
+            m.d.comb += ahead[way][name].eq(value)
 
 
 def UnitSignature(status, *, fault=False, halt=False):
@@ -170,6 +190,17 @@ KIND_OPCODES = {
 }
 
 
+#: The kinds of instruction each unit runs (the issue stage's ``cmd`` to it is valid only
+#: for these).
+UNIT_KINDS = {
+    "load":    ("load_spad", "load_acc", "load_quant"),
+    "weights": ("preload",),
+    "stream":  ("matmul",),
+    "store":   ("store",),
+}
+assert sorted(sum(UNIT_KINDS.values(), ())) == sorted(set(KIND_OPCODES) - {"end"})
+
+
 class Kind(data.Struct):
     """An instruction's opcode decoded before the queue (one flag of :data:`KIND_OPCODES`
     at most), and ``faulty``: its fetch failed or its check did not pass. The issue stage's
@@ -222,9 +253,10 @@ def NextHeadSignature():
     """What the decoder's head register takes at the next edge: ``entry`` when ``load``
     (else it keeps what it holds), so that the issue stage can compare the next head with
     its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle.
-    ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
+    ``front``: the front register holds an entry (``load`` is ``front`` while the head is
+    empty or issues, else 0). ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
     flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
     while it is valid and not faulty (0 otherwise), from flip-flops of their own, for the
     issue decision only."""
-    return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "end_at_head": Out(1),
-                             "issuable": Out(Issuable)})
+    return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "front": Out(1),
+                             "end_at_head": Out(1), "issuable": Out(Issuable)})

@@ -10,7 +10,8 @@ from amaranth.utils import ceil_log2
 from ..accumulator import AccumulatorWriteSignature, AccWrite
 from ..bram import READ_LATENCY
 from ..systolic import ActivationRow
-from .signatures import CommitSignature, RowRange, UnitSignature, status_copy
+from .signatures import (Ahead, CommitSignature, RowRange, UnitSignature, ahead_of,
+                         status_copy)
 
 
 __all__ = ["Streamer", "StreamStatus", "WRITEBACK_SLOTS"]
@@ -39,6 +40,8 @@ class StreamStatus(data.Struct):
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
     follows:   1    #: ``spad`` takes the issue stage's head's at the next edge
     slot_follows: WRITEBACK_SLOTS   #: so does the ``acc`` of each of these slots
+    ahead:     Ahead({"busy": 1, "free": 1, "full": 1, "drained": 1,
+                      "in_use": WRITEBACK_SLOTS})   #: the writes' valid flags
     writing:   AccWrite   #: the accumulator's write in this cycle
     #: the writes in its pipeline that a read started in the next cycle would miss
     unseen:    data.ArrayLayout(AccWrite, READ_LATENCY)
@@ -121,31 +124,39 @@ class Streamer(wiring.Component):
         full = Signal()
         drained = Signal(init=1)
         in_use = Signal(WRITEBACK_SLOTS)
-        busy_next = Signal()
-        head_next = Signal.like(head)
+        free = Signal()              # a MATMUL issued now streams right behind
         queued_next = Signal.like(queued)
-        m.d.comb += [
-            busy_next.eq(cmd.valid | (busy & ~last)),
-            head_next.eq(head ^ pop),
-            queued_next.eq(queued + push - pop),
-        ]
+        m.d.comb += queued_next.eq(queued + push - pop)
         # The accumulator is busy in the next cycle with this cycle's write and the two before
         # it (its s1 and s2, ``unseen``): its own ``busy`` adds the one in S, written now.
         acc_busy_next = self.acc.en | Cat(*[write.valid for write in self.acc.unseen]).any()
-        m.d.sync += [
-            full.eq(queued_next == WRITEBACK_SLOTS),
-            drained.eq(~busy_next & (queued_next == 0) & ~acc_busy_next),
-        ]
-        for i in range(WRITEBACK_SLOTS):
+        matmul = cmd.payload.instr.args.matmul
+
+        def flags_next(taken):       # push is cmd.valid
+            busy_next = taken | (busy & ~last)
+            head_next = head ^ pop
+            queued_after = queued + taken - pop
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
-            m.d.sync += in_use[i].eq(((head_next == i) & (queued_next >= 1)) |
-                                     ((head_next != i) & (queued_next == 2)))
+            return {
+                "busy":    busy_next,
+                # Free next when free now and no MATMUL issues or one of one row does, or on
+                # the row before the last.
+                "free":    Mux(free, ~taken | (matmul.rows == 1), rows_after == 1),
+                "full":    queued_after == WRITEBACK_SLOTS,
+                "drained": ~busy_next & (queued_after == 0) & ~acc_busy_next,
+                "in_use":  Cat(*[((head_next == i) & (queued_after >= 1)) |
+                                 ((head_next != i) & (queued_after == 2))
+                                 for i in range(WRITEBACK_SLOTS)]),
+            }
+        ahead_of(m, status.ahead, flags_next)
+        flags = flags_next(cmd.valid)
+        m.d.sync += [full.eq(flags["full"]), drained.eq(flags["drained"]),
+                     in_use.eq(flags["in_use"])]
         m.d.sync += [
             Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
             Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),
                    "streamer: drained out of step"),
         ]
-        free = Signal()              # a MATMUL issued now streams right behind
         m.d.comb += [
             free.eq(~busy | last),               # reading its last row this cycle
             status.spad.eq(spad),
@@ -188,7 +199,6 @@ class Streamer(wiring.Component):
         m.d.comb += push.eq(cmd.valid)
         with m.If(cmd.valid):
             m.d.sync += busy.eq(1)
-        matmul = cmd.payload.instr.args.matmul
         with m.If(~status.full):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
@@ -205,12 +215,9 @@ class Streamer(wiring.Component):
                 n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
         m.d.sync += macs.eq(Mux(busy, k_used * n_used, 0))
-        # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
-        # free now and no MATMUL issues or one of one row does, or on the row before the last.
-        status_busy = status_copy(m, "stream_busy", busy, busy_next)
-        status_free = status_copy(m, "stream_free", free,
-                                  Mux(free, ~cmd.valid | (matmul.rows == 1), rows_after == 1),
-                                  init=1)
+        # The issue stage's copies of ``busy`` and ``free`` (``status_copy``).
+        status_busy = status_copy(m, "stream_busy", busy, flags["busy"])
+        status_free = status_copy(m, "stream_free", free, flags["free"], init=1)
         m.d.comb += [status.busy.eq(status_busy), status.free.eq(status_free),
                      status.follows.eq(status_free)]
         m.d.comb += [
