@@ -97,11 +97,15 @@ class HostInterface(wiring.Component):
                             m.d.sync += ctrl.prog_len[8 * lane:8 * lane + 8].eq(
                                 bus.wdata[8 * lane:8 * lane + 8])
 
-        # Reads: one at a time, data registered.
+        # Reads: one at a time, the address registered, then the data: the register's
+        # multiplexer starts at a flip-flop of its own, not at the bus's address (its route
+        # from the bus through the 24-way choice was a group of failing paths on the FPGA).
+        read_pending = Signal()
+        read_addr = Signal(6)
         read_valid = Signal()
         read_data = Signal(32)
         m.d.comb += [
-            bus.arready.eq(~read_valid),
+            bus.arready.eq(~read_valid & ~read_pending),
             bus.rvalid.eq(read_valid),
             bus.rdata.eq(read_data),
             bus.rresp.eq(Resp.OKAY),
@@ -109,7 +113,9 @@ class HostInterface(wiring.Component):
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += read_valid.eq(0)
         with m.If(bus.arvalid & bus.arready):
-            m.d.sync += [read_valid.eq(1), read_data.eq(0)]
+            m.d.sync += [read_pending.eq(1), read_addr.eq(bus.araddr[2:8])]
+        with m.If(read_pending):
+            m.d.sync += [read_pending.eq(0), read_valid.eq(1), read_data.eq(0)]
             registers = {
                 Reg.MAGIC:      MAGIC,
                 Reg.VERSION:    VERSION,
@@ -136,7 +142,7 @@ class HostInterface(wiring.Component):
                 Reg.PERF_READ_BYTES:   self.read_bytes,
                 Reg.PERF_WRITE_BYTES:  self.write_bytes,
             }
-            with m.Switch(bus.araddr[2:8]):
+            with m.Switch(read_addr):
                 for offset, value in registers.items():
                     with m.Case(offset >> 2):
                         m.d.sync += read_data.eq(value)

@@ -169,13 +169,25 @@ class IssueStage(wiring.Component):
         def raise_error(code):
             m.d.comb += [issue_fault.valid.eq(1), issue_fault.code.eq(code)]
 
+        # A stall goes into its counter at the next edge, from a flip-flop (``stalled_*``):
+        # the chain's terms into the counters' enables were a group of the 4x4's failing
+        # paths. Stalls are counted only while running and not stopping, never in the cycle
+        # an END issues, so every count is in by the time ``done`` or ``error`` shows, and
+        # none is pending at a start (``begin`` clears the counters, below).
+        stalled = {name: Signal(name=f"stalled_{name}")
+                   for name in ("fetch", "load", "store", "array")}
+        m.d.sync += [flag.eq(0) for flag in stalled.values()]
+        for name, flag in stalled.items():
+            counter = getattr(perf, f"stall_{name}")
+            with m.If(flag):
+                m.d.sync += counter.eq(counter + 1)
         with m.If(running & ~stopping & ~self.fetch.refetch):
             with m.If(start_while_busy):
                 raise_error(ErrorCode.START_BUSY)
             with m.Elif(at_prog_end):
                 raise_error(ErrorCode.PROGRAM)
             with m.Elif(~self.decoded.valid):
-                m.d.sync += perf.stall_fetch.eq(perf.stall_fetch + 1)
+                m.d.sync += stalled["fetch"].eq(1)
             with m.Elif(kind.faulty):
                 with m.If(head.bus_error):
                     raise_error(ErrorCode.BUS_READ)
@@ -183,11 +195,11 @@ class IssueStage(wiring.Component):
                     raise_error(head.check)
             with m.Elif(blocked.as_value().any()):
                 with m.If(blocked.load):
-                    m.d.sync += perf.stall_load.eq(perf.stall_load + 1)
+                    m.d.sync += stalled["load"].eq(1)
                 with m.Elif(blocked.store):
-                    m.d.sync += perf.stall_store.eq(perf.stall_store + 1)
+                    m.d.sync += stalled["store"].eq(1)
                 with m.Else():
-                    m.d.sync += perf.stall_array.eq(perf.stall_array + 1)
+                    m.d.sync += stalled["array"].eq(1)
             with m.Else():
                 m.d.comb += decided.eq(1)
         m.d.sync += Assert(issue == decided, "issue stage: the decision's flags out of step")
