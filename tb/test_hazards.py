@@ -1,6 +1,6 @@
 """Unit tests of :class:`hw.controller.hazards.Hazards` alone: its ``ready`` flags, decided a
-cycle ahead from the units' flags after the next edge (``ahead``), against its own hazard
-terms of the cycle they are for (``blocked``), under random unit statuses that keep the
+cycle ahead from the units' flags after the next edge (``ahead``), with ``late``, against its
+own hazard terms of the cycle they are for (``blocked``), under random unit statuses that keep the
 units' contract. The terms themselves, row by row of the hazard table, are
 tb/test_issue.py's."""
 
@@ -71,8 +71,8 @@ def next_status(rng, unit, status, now_head, unit_flags):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_ready_a_cycle_ahead(seed):
     """Every cycle, for the head's kind: ``ready`` (made in the cycle before, from both ways
-    and the decision) is 1 exactly when the head waits for nothing (``blocked``), END aside
-    while the DMA reader is busy. The block also asserts it (``Assert``)."""
+    and the decision) and not ``late`` exactly when the head waits for nothing
+    (``blocked``). The block also asserts it (``Assert``)."""
     rng = np.random.default_rng(seed)
     dut = Hazards()
     checked = {kind: [0, 0] for kind in KINDS}      # kind: [ready, blocked] cycles
@@ -108,8 +108,8 @@ def test_ready_a_cycle_ahead(seed):
                 ctx.set(getattr(dut, unit), {**status, "ahead": ahead})
                 after[unit] = next_status(rng, unit, status, now_head, chosen)
             kind = next(k for k in KINDS if now_head["kind"][k])
-            if cycle >= 2 and head_valid and not (kind == "end" and reader_busy):
-                ready = ctx.get(dut.ready[kind])
+            if cycle >= 2 and head_valid:
+                ready = ctx.get(dut.ready[kind]) & (1 - ctx.get(dut.late[kind]))
                 blocked = ctx.get(dut.blocked.as_value())
                 assert ready == (blocked == 0), f"{context}: {kind}"
                 checked[kind][ready] += 1

@@ -3,7 +3,7 @@ for a unit, decided a cycle ahead into flip-flops."""
 
 from types import SimpleNamespace
 
-from amaranth.hdl import Assert, Cat, Module, Mux, Signal
+from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -70,8 +70,12 @@ class Hazards(wiring.Component):
         The head issues in this cycle.
     running : In(1)
     ready : Out(Issuable)
-        From flip-flops: a head of this kind would wait for none of its units (END: but for
-        ``reader_busy``).
+        From flip-flops: a head of this kind would wait for none of its units, but for the
+        terms of ``late``.
+    late : Out(Issuable)
+        The terms ``ready`` leaves out, each a LUT of flip-flops: END waits for the DMA
+        reader and the array's drain, ``LOAD_ACC`` for the drain, a store for the writes in
+        the accumulator's pipeline that its first read would miss.
     blocked : Out(Blocked)
         What the head, of its own kind, waits for in this cycle.
     """
@@ -89,6 +93,7 @@ class Hazards(wiring.Component):
             "running":     In(1),
             "ready":       Out(Issuable),
             "blocked":     Out(Blocked),
+            "late":        Out(Issuable),
         })
 
     def elaborate(self, platform):
@@ -148,21 +153,23 @@ class Hazards(wiring.Component):
         # and for the writes of its rows that its first read, in the cycle after the issue,
         # would miss: those in the accumulator's pipeline one and two cycles after their
         # acceptance (next cycle, this cycle's write and the first of them). Each of those
-        # is a flip-flop, the write's valid flag, beside the comparison made a cycle ahead:
-        # the valid flags of the accumulator's stages sit by its block RAM, across the die
-        # (asserted equal to them while a program runs).
+        # is a flip-flop (``unseen_hit_<i>``): the write's valid flag and the comparison,
+        # made a cycle ahead both ways and chosen by the decision; the valid flags of the
+        # accumulator's stages sit by its block RAM, across the die, and the array's result
+        # (the next write's) by the array, so they reach only these, not ``ready``.
         slots = [compared(f"acc_vs_slot{i}", overlaps, acc_of, pair(stream_.writes[i].acc),
                           stream_.slot_follows[i]) for i in range(WRITEBACK_SLOTS)]
         unseen_next = [stream_.writing, stream_.unseen[0]]
         assert len(unseen_next) == len(stream_.unseen)
-        unseen = []
+        unseen_hits = []
         for i, write in enumerate(unseen_next):
-            hit = compared(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,))
-            valid = Signal(name=f"acc_unseen{i}_valid")
-            m.d.sync += valid.eq(write.valid)
-            m.d.sync += Assert(~self.running | (valid == stream_.unseen[i].valid),
-                               f"issue stage: the copy of unseen write {i} out of step")
-            unseen.append((valid, write.valid, hit))
+            hit, hit_ways = compared(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,))
+            unseen_hit = Signal(name=f"unseen_hit_{i}")
+            m.d.sync += unseen_hit.eq(write.valid & Mux(self.issue, hit_ways["taken"],
+                                                        hit_ways["idle"]))
+            m.d.sync += Assert(~self.running | (unseen_hit == (stream_.unseen[i].valid & hit)),
+                               f"issue stage: unseen write {i}'s flag out of step")
+            unseen_hits.append(unseen_hit)
 
         # The flags now, and after the next edge both ways: a unit takes a command only if
         # the head issues and is of its kind.
@@ -188,12 +195,18 @@ class Hazards(wiring.Component):
                 setattr(ways["idle"], key, unit.ahead.idle[name])
                 setattr(ways["taken"], key, Mux(takes, unit.ahead.taken[name],
                                                 unit.ahead.idle[name]))
-        now.store_raw = Cat(*[now.in_use[i] & flag for i, (flag, _) in enumerate(slots)],
-                            *[valid & flag for valid, _, (flag, _) in unseen]).any()
+        # ``ready`` leaves out the terms whose sources lie far from here (the DMA reader's
+        # busy flag, the streamer's ``drained``, the writes in the accumulator's pipeline):
+        # ``late`` has them, per kind, from their own flip-flops.
+        late_now = {"end": self.reader_busy | ~now.drained, "load_acc": ~now.drained,
+                    "store": Cat(*unseen_hits).any()}
+        now.store_raw = Cat(*[now.in_use[i] & flag for i, (flag, _) in enumerate(slots)]).any()
         for way, f in ways.items():
-            f.store_raw = Cat(*[f.in_use[i] & nexts[way] for i, (_, nexts) in enumerate(slots)],
-                              *[valid_next & nexts[way] for _, valid_next, (_, nexts) in unseen]
+            f.drained = Const(1)
+            f.store_raw = Cat(*[f.in_use[i] & nexts[way] for i, (_, nexts) in enumerate(slots)]
                               ).any()
+        early_now = SimpleNamespace(**{**vars(now), "reader_busy": 0, "drained": Const(1)})
+        now.store_raw = now.store_raw | late_now["store"]
 
         waits = waits_of(now)
         assert waits.keys() == KIND_OPCODES.keys()
@@ -203,15 +216,19 @@ class Hazards(wiring.Component):
 
         # ``ready`` from its value after the next edge, both ways, the decision choosing.
         nexts = {way: waits_of(f) for way, f in ways.items()}
-        # Asserted equal to the terms for a head of its kind (the only ``ready`` that counts),
-        # but in the first cycle after a reset.
+        # Asserted, with ``late``, equal to the terms for a head of its kind (the only
+        # ``ready`` that counts), but in the first cycle after a reset.
         warm = Signal()
         m.d.sync += warm.eq(1)
-        now.reader_busy = 0
-        for kind, terms in waits_of(now).items():
+        for kind, terms in waits_of(early_now).items():
             ready_if = {way: ~Cat(*nexts[way][kind]).any() for way in ways}
             m.d.sync += self.ready[kind].eq(Mux(self.issue, ready_if["taken"], ready_if["idle"]))
+            m.d.comb += self.late[kind].eq(late_now.get(kind, 0))
             m.d.sync += Assert(~(warm & self.head_valid & head.kind[kind]) |
                                (self.ready[kind] == ~Cat(*terms).any()),
                                f"issue stage: ready for {kind} out of step")
+            m.d.sync += Assert(~(warm & self.head_valid & head.kind[kind]) |
+                               ((self.ready[kind] & ~self.late[kind]) ==
+                                ~Cat(*waits[kind]).any()),
+                               f"issue stage: ready and late for {kind} out of step")
         return m

@@ -147,7 +147,7 @@ class IssueStage(wiring.Component):
         # ------------------------------------------------------------ issue
         # The decision: the run may issue (``go``, no ``refetch``) and the head's kind while
         # valid and not faulty (the decoder's ``issuable``) waits for none of its units
-        # (``hazards.ready``, decided a cycle ahead; END also for the DMA reader), each from
+        # (``hazards.ready``, decided a cycle ahead, and ``hazards.late``), each from
         # flip-flops made for it (the originals, placed by their other loads, had routes
         # before the decision's LUTs on the 4x4's longest paths; the terms themselves were
         # four LUT levels). The chain below (errors, stall counts) decides the same
@@ -159,8 +159,8 @@ class IssueStage(wiring.Component):
         issuable = self.next_head.issuable
         issue = Signal()
         m.d.comb += issue.eq(go & ~self.fetch.refetch & Cat(*[
-            issuable[name] & hazards.ready[name] &
-            (~self.fetch.reader_busy if name == "end" else 1) for name in KIND_OPCODES]).any())
+            issuable[name] & hazards.ready[name] & ~hazards.late[name]
+            for name in KIND_OPCODES]).any())
         m.d.comb += hazards.issue.eq(issue)
         decided = Signal()
         issue_fault = Signal(Fault)

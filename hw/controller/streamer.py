@@ -64,6 +64,10 @@ class Streamer(wiring.Component):
         The scratchpad's activation read port.
     act : Out(stream.Signature(ActivationRow(rows), always_ready=True))
     result : In(stream.Signature(ArrayLayout(signed(32), cols), always_ready=True))
+    result_ahead : In(1)
+        ``result.valid`` after the next edge: the streamer's control reads a copy of it made
+        here (``status_copy_result_valid``), not the array's flip-flop, which sits by the
+        array (its route into the issue stage's flags was the 8x8's longest path).
     acc : In(AccumulatorWriteSignature)
         The accumulator's write port.
     load_acc : Out(AccumulatorWriteSignature)
@@ -80,6 +84,7 @@ class Streamer(wiring.Component):
             "act":      Out(stream.Signature(ActivationRow(config.rows), always_ready=True)),
             "result":   In(stream.Signature(data.ArrayLayout(signed(32), config.cols),
                                             always_ready=True)),
+            "result_ahead": In(1),
             "acc":      In(acc_port),
             "load_acc": Out(acc_port),
         })
@@ -89,6 +94,7 @@ class Streamer(wiring.Component):
         rows, cols = self.config.rows, self.config.cols
         cmd, status = self.issue.cmd, self.issue.status
 
+        result_valid = status_copy(m, "result_valid", self.result.valid, self.result_ahead)
         busy = Signal()
         spad = Signal(RowRange)
         # The row of this cycle: whether it is the MATMUL's last, how many follow it, and
@@ -234,7 +240,7 @@ class Streamer(wiring.Component):
         # or the issue stage's head's, which the tail slot follows, when that slot is the
         # tail), and follows the head while no MATMUL is queued.
         write_addr = Signal.like(self.acc.addr)
-        with m.If(self.result.valid):
+        with m.If(result_valid):
             with m.If(pop):
                 m.d.sync += write_addr.eq(Mux(queued == 1, cmd.payload.acc.lo,
                                               Mux(head, slots[0].acc.lo, slots[1].acc.lo)))
@@ -242,7 +248,7 @@ class Streamer(wiring.Component):
                 m.d.sync += write_addr.eq(write_addr + 1)
         with m.Elif(queued == 0):
             m.d.sync += write_addr.eq(cmd.payload.acc.lo)
-        m.d.sync += Assert(~self.result.valid |
+        m.d.sync += Assert(~result_valid |
                            (write_addr == (oldest.acc.lo + out_count)[:len(write_addr)]),
                            "streamer: write_addr out of step")
         # Whether this result is the oldest MATMUL's last, in a flip-flop kept as write_addr
@@ -252,7 +258,7 @@ class Streamer(wiring.Component):
         out_left = Signal(16)
         out_last = Signal()
         cmd_rows = matmul.rows
-        with m.If(self.result.valid):
+        with m.If(result_valid):
             with m.If(pop):
                 rows_next = Mux(queued == 1, cmd_rows,
                                 Mux(head, slots[0].rows, slots[1].rows))
@@ -261,9 +267,9 @@ class Streamer(wiring.Component):
                 m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 1)]
         with m.Elif(queued == 0):
             m.d.sync += [out_left.eq(cmd_rows - 1), out_last.eq(cmd_rows == 1)]
-        m.d.sync += Assert(~self.result.valid | (out_last == (out_count == oldest.rows - 1)),
+        m.d.sync += Assert(~result_valid | (out_last == (out_count == oldest.rows - 1)),
                            "streamer: out_last out of step")
-        with m.If(self.result.valid):
+        with m.If(result_valid):
             m.d.comb += [
                 self.acc.addr.eq(write_addr),
                 self.acc.data.eq(self.result.payload),
@@ -284,7 +290,7 @@ class Streamer(wiring.Component):
         m.d.comb += [self.load_acc.busy.eq(self.acc.busy),
                      self.load_acc.unseen.eq(self.acc.unseen)]
         # The issue stage starts a LOAD_ACC only on a drained array: no write is ever dropped.
-        m.d.sync += Assert(~(self.result.valid & self.load_acc.en),
+        m.d.sync += Assert(~(result_valid & self.load_acc.en),
                            "an accumulator write of LOAD_ACC met a result of the array")
 
         m.d.sync += queued.eq(queued_next)
