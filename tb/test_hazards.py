@@ -1,7 +1,7 @@
 """Unit tests of :class:`hw.controller.hazards.Hazards` alone: its ``ready`` flags, decided a
-cycle ahead from the units' flags after the next edge (``ahead``), with ``late``, against its
-own hazard terms of the cycle they are for (``blocked``), under random unit statuses that keep the
-units' contract. The terms themselves, row by row of the hazard table, are
+cycle ahead from the units' flags after the next edge (``ahead``), with ``late``, against
+its own hazard terms of the cycle they are for (``blocked``), under random unit statuses
+that keep the units' contract. The terms themselves, row by row of the hazard table, are
 tb/test_issue.py's."""
 
 import numpy as np
@@ -92,8 +92,10 @@ def test_ready_a_cycle_ahead(seed):
             load = front & (1 - head_valid | issue)
             reader_busy = int(rng.integers(0, 4) == 0)
             ctx.set(dut.head, now_head)
+            ctx.set(dut.next_head.head_copy, now_head)
             ctx.set(dut.head_valid, head_valid)
             ctx.set(dut.next_head.entry, entry)
+            ctx.set(dut.next_head.entry_copy, entry)
             ctx.set(dut.next_head.front, front)
             ctx.set(dut.next_head.load, load)
             ctx.set(dut.issue, issue)

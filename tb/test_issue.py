@@ -70,6 +70,7 @@ def set_head(ctx, dut, word, *, valid=1, **fields):
     decoder's copies of what it holds (``end_at_head``, ``issuable``)."""
     payload = decoded(word, **fields)
     ctx.set(dut.decoded.payload, payload)
+    ctx.set(dut.next_head.head_copy, payload)
     ctx.set(dut.decoded.valid, valid)
     ctx.set(dut.next_head.load, 0)
     ctx.set(dut.next_head.front, 0)
@@ -301,6 +302,7 @@ def test_hazards():
             if index % 2:
                 set_head(ctx, dut, END, valid=0)
                 ctx.set(dut.next_head.entry, decoded(word, lo=lo, hi=hi))
+                ctx.set(dut.next_head.entry_copy, decoded(word, lo=lo, hi=hi))
                 ctx.set(dut.next_head.load, 1)
                 ctx.set(dut.next_head.front, 1)
             else:
@@ -354,6 +356,7 @@ def test_hazard_with_the_instruction_issued_just_before(unit, statuses):
         set_status(ctx, dut, taken={unit: statuses[1]}, **{unit: statuses[0]})
         set_head(ctx, dut, first)
         ctx.set(dut.next_head.entry, decoded(LOAD_SPAD, lo=0x2000, hi=0x2006))
+        ctx.set(dut.next_head.entry_copy, decoded(LOAD_SPAD, lo=0x2000, hi=0x2006))
         ctx.set(dut.next_head.load, 1)
         ctx.set(dut.next_head.front, 1)
         assert ctx.get(getattr(dut, unit).cmd.valid) == 1

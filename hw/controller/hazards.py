@@ -108,7 +108,7 @@ class Hazards(wiring.Component):
             """The comparison of the next head with ``theirs`` (or with the head, if the
             unit's registers follow it), into a flip-flop; and its value after the next
             edge, both ways."""
-            entry, now = ours(next_head.entry), ours(head)
+            entry, now = ours(next_head.entry_copy), ours(next_head.head_copy)
             if follows is None:
                 with_entry, with_head = compare(entry, theirs), compare(now, theirs)
             else:
@@ -175,7 +175,8 @@ class Hazards(wiring.Component):
         # the head issues and is of its kind.
         units = {"load": load, "weights": weights, "stream": stream_, "store": store}
         unit_flags = {   # the unit's flag: its name in waits_of
-            "load":    {"busy": "load_busy", "to_spad": "load_to_spad", "to_acc": "load_to_acc"},
+            "load":    {"busy": "load_busy", "to_spad": "load_to_spad",
+                        "to_acc": "load_to_acc"},
             "weights": {"busy": "weights_busy"},
             "stream":  {"busy": "stream_busy", "free": "stream_free", "full": "stream_full",
                         "drained": "drained", "in_use": "in_use"},
@@ -222,7 +223,8 @@ class Hazards(wiring.Component):
         m.d.sync += warm.eq(1)
         for kind, terms in waits_of(early_now).items():
             ready_if = {way: ~Cat(*nexts[way][kind]).any() for way in ways}
-            m.d.sync += self.ready[kind].eq(Mux(self.issue, ready_if["taken"], ready_if["idle"]))
+            m.d.sync += self.ready[kind].eq(Mux(self.issue, ready_if["taken"],
+                                                ready_if["idle"]))
             m.d.comb += self.late[kind].eq(late_now.get(kind, 0))
             m.d.sync += Assert(~(warm & self.head_valid & head.kind[kind]) |
                                (self.ready[kind] == ~Cat(*terms).any()),

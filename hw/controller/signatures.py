@@ -10,9 +10,8 @@ from ..isa import Instruction, Opcode, QuantMode
 
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
            "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
-           "status_copy", "KIND_OPCODES", "Kind", "Decoded",
-           "decoded_slices", "Issuable", "NextHeadSignature", "UNIT_KINDS", "Ahead",
-           "ahead_of"]
+           "status_copy", "KIND_OPCODES", "Kind", "Decoded", "decoded_slices", "CheckFlags",
+           "Issuable", "NextHeadSignature", "UNIT_KINDS", "Ahead", "ahead_of"]
 
 
 class PerfCounters(data.Struct):
@@ -245,6 +244,16 @@ def decoded_slices(*groups, widest=33):
     return tuple(ranges)
 
 
+class CheckFlags(data.Struct):
+    """The outcomes of a decoded instruction's checks in the decoder's stage 1, each set
+    only under the opcodes it applies to; stage 3 makes the error code of the first in this
+    order, then the DRAM range's (stage 2's)."""
+    illegal:    1
+    bad_length: 1
+    spad_range: 1
+    acc_range:  1
+
+
 #: One flag per :data:`KIND_OPCODES` kind: :class:`NextHeadSignature`'s ``issuable``.
 Issuable = data.StructLayout({name: 1 for name in KIND_OPCODES})
 
@@ -254,9 +263,12 @@ def NextHeadSignature():
     (else it keeps what it holds), so that the issue stage can compare the next head with
     its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle.
     ``front``: the front register holds an entry (``load`` is ``front`` while the head is
-    empty or issues, else 0). ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
-    flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
+    empty or issues, else 0). ``end_at_head``: the head holds an END (``decoded.valid`` and
+    its ``kind.end``), from a flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
     while it is valid and not faulty (0 otherwise), from flip-flops of their own, for the
-    issue decision only."""
+    issue decision only. ``head_copy``: the head's ranges (``lo``, ``hi``, ``spad``, ``acc``;
+    its other fields are not kept) while it is valid, and ``entry_copy`` the front entry's
+    while ``front``, from flip-flops of their own, for the hazard comparisons only."""
     return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "front": Out(1),
-                             "end_at_head": Out(1), "issuable": Out(Issuable)})
+                             "end_at_head": Out(1), "issuable": Out(Issuable),
+                             "head_copy": Out(Decoded), "entry_copy": Out(Decoded)})
