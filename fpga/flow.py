@@ -173,7 +173,7 @@ KEEP_APART = ("setattr -set keep 1 w:*weight_shift_row_* w:*forward_lane_* %u "
               "w:*param_lane_* %u w:*select_lane_* %u w:*core_reset_* %u "
               "w:*head_valid_slice_* %u w:*front_valid_slice_* %u w:*stage_lane_* %u "
               "w:*state_word_* %u w:*offset_lane_* %u w:*clear_word_* %u w:*status_copy_* %u "
-              "w:*beat_word_* %u w:*hazard_copy_* %u %ci1 c:* %i")
+              "w:*beat_word_* %u %ci1 c:* %i")
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}

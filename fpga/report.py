@@ -463,12 +463,9 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   holds at most one wide shift, multiply, add or clamp (no logic beside the routes into and
   out of its DSPs; one set of lanes for both modes), `STORE_Q` streams its rows, the
   decoder checks an instruction's DRAM range in a stage of its own, the issue stage
-  decides in two LUT levels from flip-flops made for the decision (the head's issuable
-  kinds, one flag for the run's state, a copy of the fetcher's refetch, and per kind of
-  instruction whether it would wait for none of its units, made a cycle ahead from the
-  hazard comparisons and the units' flags after the next edge both ways, the decision
-  choosing between them), its stall counters count a cycle later from flip-flops, the
-  host's reads go through two registers before their data, faults reach the
+  compares a cycle ahead and decides from flip-flops made for the decision (the head's
+  issuable kinds, one flag for the run's state, copies of the fetcher's refetch and of the
+  units' busy flags, END at the head from the decoder's own flip-flop), faults reach the
   error arbiter from flip-flops, the fetcher keeps the
   program and makes its refetch from registers, and no reset reaches a data register
   that a valid flag qualifies (the core reset, registered once per block of the
@@ -492,14 +489,16 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   some twenty groups within 1 ns of the worst, so that which one a placement stretches
   decides the figure (two seeds of one netlist have differed by 11 MHz on the 4x4 and 27
   on the 8x8, whose router sometimes clears its last overused wires only by detours). The
-  largest groups (docs/fpga-timing.md has the latest list): the hazard comparisons (a
-  carry chain and four LUT levels) into the issue stage's per-kind `ready` flags; the
-  DMA reader's command registers from the load unit's request; the decoder's first check
-  stage; the error arbiter's pc comparisons; the requantizer's stages; the block RAMs'
-  inputs. A plain register on the reader's command costs more than half a point of the
-  bench's utilization (the cycle model: 3.6 points on 16 x 64 x 64), so its first-row
-  geometry would have to be made by its requester; or the blocks kept together on the
-  die.
+  largest groups (docs/fpga-timing.md has the latest list): the issue decision (four LUT
+  levels from its flags) into the decoder's head and front registers, the weight loader and
+  the units; the DMA reader's address registers from the load unit's command through the
+  fetcher's grant; the DMA writer's state into its per-word copies; the harness's inputs
+  into the host; the requantizer's stages; the array's results into the issue stage's
+  hazard flags. A plain register on the decision or on the reader's command costs more
+  than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points on
+  16 x 64 x 64), so the decision would have to be made a cycle ahead for both candidate
+  heads and the command's first-row geometry by its requester; or the blocks kept
+  together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such

@@ -97,17 +97,11 @@ class HostInterface(wiring.Component):
                             m.d.sync += ctrl.prog_len[8 * lane:8 * lane + 8].eq(
                                 bus.wdata[8 * lane:8 * lane + 8])
 
-        # Reads: one at a time, in three steps from flip-flops: the address, then the word
-        # of each group of eight registers (by the address's low bits), then the group's
-        # (the bus's address through the 24-way choice, and then the choice from its own
-        # register, were groups of failing paths on the FPGA).
-        read_pending = Signal()
-        read_picked = Signal()
-        read_addr = Signal(6)
+        # Reads: one at a time, data registered.
         read_valid = Signal()
         read_data = Signal(32)
         m.d.comb += [
-            bus.arready.eq(~read_valid & ~read_pending & ~read_picked),
+            bus.arready.eq(~read_valid),
             bus.rvalid.eq(read_valid),
             bus.rdata.eq(read_data),
             bus.rresp.eq(Resp.OKAY),
@@ -115,50 +109,36 @@ class HostInterface(wiring.Component):
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += read_valid.eq(0)
         with m.If(bus.arvalid & bus.arready):
-            m.d.sync += [read_pending.eq(1), read_addr.eq(bus.araddr[2:8])]
-        registers = {
-            Reg.MAGIC:      MAGIC,
-            Reg.VERSION:    VERSION,
-            Reg.SHAPE:      config.rows | (config.cols << 16),
-            Reg.SPAD_DEPTH: config.spad_depth,
-            Reg.ACC_DEPTH:  config.acc_depth,
-            Reg.BUS_WIDTH:  config.bus_width,
-            Reg.STATUS:     (Mux(ctrl.busy, Status.BUSY, 0) | Mux(ctrl.done, Status.DONE, 0) |
-                             Mux(ctrl.error, Status.ERROR, 0) |
-                             (ctrl.error_code << Status.CODE_SHIFT)),
-            Reg.ERROR_PC:   ctrl.error_pc,
-            Reg.PC:         ctrl.pc,
-            Reg.PROG_ADDR:  ctrl.prog_addr,
-            Reg.PROG_LEN:   ctrl.prog_len,
-            Reg.CYCLES_LO:  ctrl.cycles[:32],
-            Reg.CYCLES_HI:  ctrl.cycles[32:],
-            Reg.PERF_ARRAY_ROWS:   ctrl.perf.array_rows,
-            Reg.PERF_USEFUL_MACS:  ctrl.perf.useful_macs,
-            Reg.PERF_STALL_FETCH:  ctrl.perf.stall_fetch,
-            Reg.PERF_STALL_LOAD:   ctrl.perf.stall_load,
-            Reg.PERF_STALL_STORE:  ctrl.perf.stall_store,
-            Reg.PERF_STALL_ARRAY:  ctrl.perf.stall_array,
-            Reg.PERF_INSTRUCTIONS: ctrl.perf.instructions,
-            Reg.PERF_READ_BYTES:   self.read_bytes,
-            Reg.PERF_WRITE_BYTES:  self.write_bytes,
-        }
-        groups = {}                  # address bits [5:3] of the word: its word's register
-        for offset, value in registers.items():
-            groups.setdefault(offset >> 5, {})[(offset >> 2) & 7] = value
-        picked = {group: Signal(32, name=f"read_group_{group}") for group in groups}
-        with m.If(read_pending):
-            m.d.sync += [read_pending.eq(0), read_picked.eq(1)]
-            for group, words in groups.items():
-                m.d.sync += picked[group].eq(0)
-                with m.Switch(read_addr[:3]):
-                    for word, value in words.items():
-                        with m.Case(word):
-                            m.d.sync += picked[group].eq(value)
-        with m.If(read_picked):
-            m.d.sync += [read_picked.eq(0), read_valid.eq(1), read_data.eq(0)]
-            with m.Switch(read_addr[3:]):
-                for group, value in picked.items():
-                    with m.Case(group):
+            m.d.sync += [read_valid.eq(1), read_data.eq(0)]
+            registers = {
+                Reg.MAGIC:      MAGIC,
+                Reg.VERSION:    VERSION,
+                Reg.SHAPE:      config.rows | (config.cols << 16),
+                Reg.SPAD_DEPTH: config.spad_depth,
+                Reg.ACC_DEPTH:  config.acc_depth,
+                Reg.BUS_WIDTH:  config.bus_width,
+                Reg.STATUS:     (Mux(ctrl.busy, Status.BUSY, 0) | Mux(ctrl.done, Status.DONE, 0) |
+                                 Mux(ctrl.error, Status.ERROR, 0) |
+                                 (ctrl.error_code << Status.CODE_SHIFT)),
+                Reg.ERROR_PC:   ctrl.error_pc,
+                Reg.PC:         ctrl.pc,
+                Reg.PROG_ADDR:  ctrl.prog_addr,
+                Reg.PROG_LEN:   ctrl.prog_len,
+                Reg.CYCLES_LO:  ctrl.cycles[:32],
+                Reg.CYCLES_HI:  ctrl.cycles[32:],
+                Reg.PERF_ARRAY_ROWS:   ctrl.perf.array_rows,
+                Reg.PERF_USEFUL_MACS:  ctrl.perf.useful_macs,
+                Reg.PERF_STALL_FETCH:  ctrl.perf.stall_fetch,
+                Reg.PERF_STALL_LOAD:   ctrl.perf.stall_load,
+                Reg.PERF_STALL_STORE:  ctrl.perf.stall_store,
+                Reg.PERF_STALL_ARRAY:  ctrl.perf.stall_array,
+                Reg.PERF_INSTRUCTIONS: ctrl.perf.instructions,
+                Reg.PERF_READ_BYTES:   self.read_bytes,
+                Reg.PERF_WRITE_BYTES:  self.write_bytes,
+            }
+            with m.Switch(bus.araddr[2:8]):
+                for offset, value in registers.items():
+                    with m.Case(offset >> 2):
                         m.d.sync += read_data.eq(value)
 
         return m

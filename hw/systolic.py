@@ -60,9 +60,6 @@ class SystolicArray(wiring.Component):
         Aligned result rows.
     south : Out(ArrayLayout(signed(32), cols))
         The mesh's south edge before alignment (for tests and traces).
-    result_ahead : Out(1)
-        What ``result.valid`` will be after the next edge (its register's input), for
-        copies of it far from the array.
     soft_reset : In(1)
         Resets the array's state (the weights, commit and valid flags) as the domain's
         reset does, one cycle later: it is registered once per PE row
@@ -92,7 +89,6 @@ class SystolicArray(wiring.Component):
             "result": Out(stream.Signature(data.ArrayLayout(signed(32), cols),
                                            always_ready=True)),
             "south":  Out(data.ArrayLayout(signed(32), cols)),
-            "result_ahead": Out(1),
             "soft_reset": In(1),
         })
 
@@ -160,7 +156,6 @@ class SystolicArray(wiring.Component):
         for stage in range(self.latency):
             valid_next = Signal(name=f"result_valid_{stage}")
             edges.d.sync += valid_next.eq(valid)
-            m.d.comb += self.result_ahead.eq(valid)      # the last stage's input
             valid = valid_next
         m.d.comb += self.result.valid.eq(valid)
 

@@ -121,7 +121,6 @@ class NPU(wiring.Component):
         wiring.connect(m, controller.act, array.act)
         wiring.connect(m, controller.weight, array.weight)
         wiring.connect(m, array.result, controller.result)
-        m.d.comb += controller.result_ahead.eq(array.result_ahead)
         m.d.comb += [
             controller.reader.done.eq(dma.read_done),
             controller.reader.error.eq(dma.read_error),

@@ -25,30 +25,12 @@ UNIT_OF = {Opcode.LOAD_SPAD: "load", Opcode.LOAD_ACC: "load", Opcode.LOAD_QUANT:
 COUNTERS = ("stall_fetch", "stall_load", "stall_store", "stall_array", "instructions")
 
 
-def ahead_flags(dut, unit, status):
-    """The flags of ``status`` that a unit's ``ahead`` holds (``in_use``: the writes' valid
-    flags)."""
-    names = getattr(dut, unit).status.ahead.idle.shape().members
-    writes = status.get("writes", [])
-    return {name: (sum(write.get("valid", 0) << i for i, write in enumerate(writes))
-                   if name == "in_use" else status.get(name, 0)) for name in names}
-
-
-def set_status(ctx, dut, *, after=None, taken=None, **statuses):
+def set_status(ctx, dut, **statuses):
     """Every unit's status idle, but for ``unit={field: value}`` in ``statuses``; a
-    ``fetch`` entry sets ``reader_busy`` and ``refetch``. The units' flags after the next
-    edge (``ahead``) are these, both ways, but for a unit in ``after`` (its status after the
-    edge, either way) or in ``taken`` (its status after the edge if it takes a command now):
-    the units' contract, which the issue stage decides from a cycle ahead."""
+    ``fetch`` entry sets ``reader_busy`` and ``refetch``."""
     fetch = statuses.pop("fetch", {})
-    after, taken = after or {}, taken or {}
     for unit, idle in IDLE.items():
-        status = {**idle, **statuses.get(unit, {})}
-        status_after = {**idle, **after.get(unit, statuses.get(unit, {}))}
-        status_taken = {**idle, **taken.get(unit, status_after)}
-        ctx.set(getattr(dut, unit).status, {
-            **status, "ahead": {"idle": ahead_flags(dut, unit, status_after),
-                                "taken": ahead_flags(dut, unit, status_taken)}})
+        ctx.set(getattr(dut, unit).status, {**idle, **statuses.get(unit, {})})
     ctx.set(dut.fetch.reader_busy, fetch.get("reader_busy", 0))
     ctx.set(dut.fetch.refetch, fetch.get("refetch", 0))
 
@@ -70,10 +52,8 @@ def set_head(ctx, dut, word, *, valid=1, **fields):
     decoder's copies of what it holds (``end_at_head``, ``issuable``)."""
     payload = decoded(word, **fields)
     ctx.set(dut.decoded.payload, payload)
-    ctx.set(dut.next_head.head_copy, payload)
     ctx.set(dut.decoded.valid, valid)
     ctx.set(dut.next_head.load, 0)
-    ctx.set(dut.next_head.front, 0)
     ctx.set(dut.next_head.end_at_head, valid and word == END)
     kind = payload["kind"]
     ctx.set(dut.next_head.issuable, {name: int(valid and not kind["faulty"] and kind[name])
@@ -302,9 +282,7 @@ def test_hazards():
             if index % 2:
                 set_head(ctx, dut, END, valid=0)
                 ctx.set(dut.next_head.entry, decoded(word, lo=lo, hi=hi))
-                ctx.set(dut.next_head.entry_copy, decoded(word, lo=lo, hi=hi))
                 ctx.set(dut.next_head.load, 1)
-                ctx.set(dut.next_head.front, 1)
             else:
                 set_head(ctx, dut, word, lo=lo, hi=hi, valid=0)
             await ctx.tick()
@@ -325,16 +303,13 @@ def test_hazards():
                         (word, pc, lo, hi, (spad["lo"], spad["hi"]),
                          (acc["lo"], acc["hi"])), context
             await ctx.tick()
-            # A cycle with no head to issue (in which the write moves on, for ``after``):
-            # a stall goes into its counter at the edge after it, so the check's comes in
-            # at this cycle's edge, the setup cycle's (no head: a fetch stall) at the check's.
-            if after:
-                set_status(ctx, dut, **{unit: dict(fields) for unit, fields in after.items()})
-            set_head(ctx, dut, END, valid=0)
-            await ctx.tick()
             delta = {k: v - before[k] for k, v in counters(ctx, dut).items() if v != before[k]}
-            assert delta == {"stall_fetch": 1, **({"instructions": 1} if blocker is None
-                                                  else {f"stall_{blocker}": 1})}, context
+            assert delta == ({"instructions": 1} if blocker is None
+                             else {f"stall_{blocker}": 1}), context
+            if after:       # a cycle for the write to move on, with no head to issue
+                set_status(ctx, dut, **{unit: dict(fields) for unit, fields in after.items()})
+                set_head(ctx, dut, END, valid=0)
+                await ctx.tick()
             if blocker is None and word == END:
                 assert ctx.get(dut.host.done) == 1, context
                 await start(ctx, dut)
@@ -353,12 +328,10 @@ def test_hazard_with_the_instruction_issued_just_before(unit, statuses):
     first = MATMUL if unit == "stream" else preload(4)
     async def body(ctx, dut):
         await start(ctx, dut)
-        set_status(ctx, dut, taken={unit: statuses[1]}, **{unit: statuses[0]})
+        set_status(ctx, dut, **{unit: statuses[0]})
         set_head(ctx, dut, first)
         ctx.set(dut.next_head.entry, decoded(LOAD_SPAD, lo=0x2000, hi=0x2006))
-        ctx.set(dut.next_head.entry_copy, decoded(LOAD_SPAD, lo=0x2000, hi=0x2006))
         ctx.set(dut.next_head.load, 1)
-        ctx.set(dut.next_head.front, 1)
         assert ctx.get(getattr(dut, unit).cmd.valid) == 1
         await ctx.tick()
         set_status(ctx, dut, **{unit: statuses[1]})
@@ -366,8 +339,6 @@ def test_hazard_with_the_instruction_issued_just_before(unit, statuses):
         assert ctx.get(dut.decoded.ready) == 0
         before = counters(ctx, dut)["stall_array"]
         await ctx.tick()
-        clear_head(ctx, dut)
-        await ctx.tick()            # the stall goes into its counter at the edge after it
         assert counters(ctx, dut)["stall_array"] == before + 1
     simulate(body)
 
@@ -535,10 +506,9 @@ def test_counters_clear_after_a_reset():
         set_head(ctx, dut, END, valid=0)
         await ctx.tick()
         assert ctx.get(dut.host.perf.instructions) == 3 and ctx.get(dut.host.cycles) == 5
-        assert ctx.get(dut.host.perf.stall_fetch) == 0     # counted at the next edge
+        assert ctx.get(dut.host.perf.stall_fetch) == 1
         ctx.set(reset, 1)
         await ctx.tick()
-        assert ctx.get(dut.host.perf.stall_fetch) == 1
         ctx.set(reset, 0)
         await ctx.tick()
         for _ in range(3):
@@ -556,13 +526,10 @@ def test_no_fetch_with_end_at_the_head():
         await start(ctx, dut)
         await issue_preloads(ctx, dut, 2)
         assert ctx.get(dut.fetch.enable) == 1
-        set_status(ctx, dut, load={"busy": 1})      # busy from the next cycle on
-        await ctx.tick()
+        set_status(ctx, dut, load={"busy": 1})
         set_head(ctx, dut, END)
-        for cycle in range(3):
+        for _ in range(3):
             assert (ctx.get(dut.fetch.enable), ctx.get(dut.decoded.ready)) == (0, 0)
-            if cycle == 2:                          # idle from the next cycle on
-                set_status(ctx, dut, after={"load": {}}, load={"busy": 1})
             await ctx.tick()
         set_status(ctx, dut)
         assert ctx.get(dut.decoded.ready) == 1

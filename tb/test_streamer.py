@@ -77,7 +77,6 @@ def test_load_acc_meets_result_assert_fires():
     """Mutant environment: a LOAD_ACC write in the cycle of a result."""
     async def body(ctx, dut, spad, rng):
         offer(ctx, dut.issue.cmd, matmul(0, 0, 1, 0))
-        ctx.set(dut.result_ahead, 1)            # a result in the next cycle
         await ctx.tick()
         ctx.set(dut.issue.cmd.valid, 0)
         ctx.set(dut.result.valid, 1)
@@ -105,7 +104,6 @@ def test_random_against_model(seed):
         # one): the writes taken one and two cycles ago (``unseen``, s1 and s2) and three
         # ago (being written, S); busy while any is there.
         pipeline = deque([(0, 0)] * 3)    # (valid, addr) of s1, s2, S
-        result = False            # a result in this cycle: decided in the cycle before
         for cycle in range(400):
             context = f"seed {seed} cycle {cycle}"
             issue = rng.random() < 0.4 and len(reads) <= 1 and len(slots) < 2 and issued < 40
@@ -119,6 +117,8 @@ def test_random_against_model(seed):
                               int(rng.integers(0, CONFIG.acc_depth - rows + 1)), rows,
                               int(rng.integers(0, 2)), k, n)
                 offer(ctx, dut.issue.cmd, word)
+            owed = sum(slot[1] - slot[3] for slot in slots)
+            result = owed > 0 and rng.random() < 0.5
             data = [int(v) for v in rng.integers(-2**31, 2**31, size=C)]
             ctx.set(dut.result.valid, result)
             ctx.set(dut.result.payload, data)
@@ -173,12 +173,6 @@ def test_random_against_model(seed):
 
             pipeline.pop()
             pipeline.appendleft((write[0], write[1] if write[0] else 0))
-            # The array says a cycle ahead whether a result comes (``result_ahead``): one
-            # comes at random while a MATMUL issued before the next cycle owes one.
-            owed = sum(slot[1] - slot[3] for slot in slots) + \
-                (decode(word)[1]["rows"] if issue else 0)
-            result = owed > 0 and rng.random() < 0.5
-            ctx.set(dut.result_ahead, result)
             await ctx.tick()
             last_read = None
             row_macs = macs if reads else 0

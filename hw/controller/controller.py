@@ -59,8 +59,6 @@ class Controller(wiring.Component):
         To the DMA.
     spad : In(ScratchpadSignature), acc : In(AccumulatorSignature)
     act, weight : Out(stream) to the array; result : In(stream) from it
-    result_ahead : In(1)
-        ``result.valid`` after the next edge (:class:`hw.systolic.SystolicArray`).
     """
     def __init__(self, config, *, read_row_bytes):
         self.config = config
@@ -80,7 +78,6 @@ class Controller(wiring.Component):
                                                        always_ready=True)),
             "result":             In(stream.Signature(data.ArrayLayout(signed(32), cols),
                                                       always_ready=True)),
-            "result_ahead":       In(1),
         })
 
     def elaborate(self, platform):
@@ -127,7 +124,6 @@ class Controller(wiring.Component):
         wiring.connect(m, streamer.spad, wiring.flipped(self.spad.act))
         wiring.connect(m, streamer.act, wiring.flipped(self.act))
         wiring.connect(m, wiring.flipped(self.result), streamer.result)
-        m.d.comb += streamer.result_ahead.eq(self.result_ahead)
         wiring.connect(m, streamer.acc, wiring.flipped(self.acc.write))
 
         wiring.connect(m, store_unit.acc, wiring.flipped(self.acc.read))

@@ -1,4 +1,4 @@
-"""The decoder: operand checks and DRAM bounds of each fetched instruction, in three pipeline
+"""The decoder: operand checks and DRAM bounds of each fetched instruction, in two pipeline
 stages before the instruction queue; the queue's head waits in a register for the issue
 stage."""
 
@@ -10,8 +10,8 @@ from ..config import FETCH_DEPTH
 from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
 from ..pe import dsp_pes, mult18x18d
 from .fetcher import WordsSignature
-from .signatures import (KIND_OPCODES, CheckFlags, Decoded, Issuable, NextHeadSignature,
-                         RowRange, decoded_slices, status_copy)
+from .signatures import (KIND_OPCODES, Decoded, Issuable, NextHeadSignature, RowRange,
+                         decoded_slices, status_copy)
 
 
 __all__ = ["Decoder", "LATENCY"]
@@ -21,6 +21,16 @@ __all__ = ["Decoder", "LATENCY"]
 #: register, stages 1 to 3, the queue and its read register. The word is at the head
 #: (``decoded``) a cycle later. The cycle model (sw/timing.py) follows it.
 LATENCY = 5
+
+
+class _CheckFlags(data.Struct):
+    """The outcomes of a decoded instruction's checks in stage 1, each set only under the
+    opcodes it applies to; stage 3 makes the error code of the first in this order, then
+    the DRAM range's (stage 2's)."""
+    illegal:    1
+    bad_length: 1
+    spad_range: 1
+    acc_range:  1
 
 
 #: The head register's slices (bit ranges of :class:`Decoded`), each loaded under its own
@@ -156,7 +166,7 @@ class Decoder(wiring.Component):
         # comparisons of this stage go into flip-flops with the opcode's choice, not through
         # the choice of an error code (a priority of 8-bit codes after the comparators'
         # carry chains was the 4x4's longest path).
-        flags = Signal(CheckFlags)
+        flags = Signal(_CheckFlags)
 
         def checks(bad_length, local_range=None, range_flag=None, dram_block=False):
             m.d.comb += flags.bad_length.eq(bad_length)
@@ -225,7 +235,7 @@ class Decoder(wiring.Component):
             "valid": 1, "instr": Instruction, "bus_error": 1, "multiplied": 1,
             "base": signed(35), "limit": signed(36), "lo": 32, "spad": RowRange,
             "acc": RowRange, "dram": 1,
-            "flags": CheckFlags}))
+            "flags": _CheckFlags}))
         m.d.sync += [
             stage.valid.eq(word_valid),
             stage.instr.eq(fetched),
@@ -264,7 +274,7 @@ class Decoder(wiring.Component):
         over_limit = ~over_sum[49]           # product - limit - 1 >= 0
         late = Signal(data.StructLayout({
             "valid": 1, "instr": Instruction, "bus_error": 1, "lo": 32, "hi": 33,
-            "spad": RowRange, "acc": RowRange, "flags": CheckFlags, "dram_range": 1}))
+            "spad": RowRange, "acc": RowRange, "flags": _CheckFlags, "dram_range": 1}))
         m.d.sync += [
             late.valid.eq(stage.valid),
             late.instr.eq(stage.instr),
@@ -316,23 +326,19 @@ class Decoder(wiring.Component):
 
         # The queue's head waits in a register until the issue stage takes it. The head and
         # the front register before it are loaded in slices (HEAD_SLICES), each under its
-        # own copies of their valid flags (all equal, asserted): the issue decision, late in
-        # its cycle, reaches two enables per slice (one net to all 268 flip-flops was the
-        # NPU's longest path; four slices left groups of 148 and 268 on the 8x8). Neither
-        # register has a reset: the core reset reaches only the flags.
+        # own copies of their valid flags: the issue decision (``decoded.ready``, late in
+        # its cycle) reaches two enables per slice, not the enables of all the head's and
+        # the front's flip-flops (one net to the head's 268 was the NPU's longest path, one
+        # to the front's, inside a SyncFIFOBuffered, a group of 268 failing endpoints; four
+        # slices were still groups of 148 and 268 on the 8x8, so the slices are now nine).
+        # Every copy of a flag holds the same value (asserted). The two registers have no
+        # reset (the copies of the flags say whether they hold an entry), so that the core
+        # reset reaches only the flags, not their 2 x 268 flip-flops.
         ready = self.decoded.ready
         head = Signal(Decoded, reset_less=True)
         front = Signal(Decoded, reset_less=True)
         stored = Decoded(queue.r_data)
         m.d.comb += [self.decoded.payload.eq(head), self.next.entry.eq(front)]
-        # The head's and the front's ranges again, loaded with their slices (kept apart): for
-        # the hazard comparisons, whose routes from the registers led into ``ready``.
-        head_copy = Signal(Decoded, reset_less=True, name="hazard_copy_head")
-        front_ranges = Signal(Decoded, reset_less=True, name="hazard_copy_front")
-        layout = data.Layout.cast(Decoded)
-        copied = [(layout[name].offset, layout[name].offset + layout[name].width)
-                  for name in ("lo", "hi", "spad", "acc")]
-        assert set(copied) <= set(HEAD_SLICES)
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         for copy, front_copy, (start, stop) in zip(copies, front_copies, HEAD_SLICES):
@@ -342,15 +348,9 @@ class Decoder(wiring.Component):
             with m.If(take):
                 m.d.sync += [copy.eq(1), front_copy.eq(0)]
                 m.d.sync += head.as_value()[start:stop].eq(front.as_value()[start:stop])
-                if (start, stop) in copied:
-                    m.d.sync += head_copy.as_value()[start:stop].eq(
-                        front.as_value()[start:stop])
             with m.If(queue.r_rdy & (~front_copy | take)):
                 m.d.sync += front_copy.eq(1)
                 m.d.sync += front.as_value()[start:stop].eq(stored.as_value()[start:stop])
-                if (start, stop) in copied:
-                    m.d.sync += front_ranges.as_value()[start:stop].eq(
-                        stored.as_value()[start:stop])
             with m.If(flush):
                 m.d.sync += [copy.eq(0), front_copy.eq(0)]
         # END at the head, as the flags above: the issue stage stops fetching with it (the
@@ -369,11 +369,11 @@ class Decoder(wiring.Component):
         # error logic, and were placed by them); loaded with their next value, from the
         # slice that holds the kind.
         kind_copy, kind_front_copy = copies[-1], front_copies[-1]
-        assert HEAD_SLICES[-1][1] == layout.size
+        assert HEAD_SLICES[-1][1] == data.Layout.cast(Decoded).size
         kind_take = kind_front_copy & (~kind_copy | ready)
         kind_valid_next = ~flush & (kind_take | (kind_copy & ~ready))
         kind_next = Mux(kind_take, front.kind.as_value(), head.kind.as_value())
-        kind_next = data.View(layout["kind"].shape, kind_next)
+        kind_next = data.View(data.Layout.cast(Decoded)["kind"].shape, kind_next)
 
         def issuable_of(valid, kind):
             return Cat(*[valid & ~kind.faulty & kind[name] for name in Issuable.members])
@@ -387,13 +387,7 @@ class Decoder(wiring.Component):
         m.d.comb += queue.r_en.eq(~front_copies[0] | taken)
         with m.If(taken):
             m.d.comb += [words.taken.eq(1), self.next.load.eq(1)]
-        m.d.comb += [self.decoded.valid.eq(copies[0]), self.next.front.eq(front_copies[0]),
-                     self.next.head_copy.eq(head_copy), self.next.entry_copy.eq(front_ranges)]
-        for name, flag, copy, original in (("head", copies[0], head_copy, head),
-                                           ("front", front_copies[0], front_ranges, front)):
-            m.d.sync += Assert(~flag | Cat(*[(copy.as_value() ^ original.as_value())[a:b] == 0
-                                             for a, b in copied]).all(),
-                               f"decoder: the {name}'s copy for the hazards out of step")
+        m.d.comb += self.decoded.valid.eq(copies[0])
         for name, flags in (("head", copies), ("front", front_copies)):
             m.d.sync += Assert(Cat(*flags).all() | ~Cat(*flags).any(),
                                f"decoder: the {name}'s valid copies differ")

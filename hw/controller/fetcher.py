@@ -159,18 +159,13 @@ class Fetcher(wiring.Component):
         # wait for the reader's ``cmd.ready``, which comes from flip-flops placed by the DMA,
         # far away (a path of 19 ns on the 85F). Asserted below.
         m.d.comb += control.reader_busy.eq(reader_busy)
-        # The fetch goes first while it wants the reader and the load unit does not, or the
-        # queue runs low. The command offered is chosen by that alone, not by the grant
-        # (the reader's registers follow the command offered while it is idle).
-        fetch_first = Signal()
-        m.d.comb += fetch_first.eq(fetch_want & (~load.cmd.valid | (held < FETCH_LOW_WATER)))
         with m.If(~reader_busy & ~control.halt):
-            with m.If(fetch_first):
+            with m.If(fetch_want & (~load.cmd.valid | (held < FETCH_LOW_WATER))):
                 m.d.comb += grant_fetch.eq(1)
             with m.Elif(load.cmd.valid):
                 m.d.comb += grant_load.eq(1)
         m.d.comb += reader.cmd.valid.eq(grant_fetch | grant_load)
-        with m.If(fetch_first):
+        with m.If(grant_fetch):
             m.d.comb += [
                 reader.cmd.payload.addr.eq(fetch_addr),
                 reader.cmd.payload.rows.eq(fetch_rows),

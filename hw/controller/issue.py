@@ -9,11 +9,10 @@ from ..copies import flag_with_next
 from ..isa import INSTR_BYTES, ErrorCode
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
-from .hazards import Hazards
-from .signatures import (KIND_OPCODES, UNIT_KINDS, Decoded, Fault, HostLinkSignature,
+from .signatures import (KIND_OPCODES, Decoded, Fault, HostLinkSignature,
                          NextHeadSignature, PerfCounters, UnitSignature, status_copy)
 from .store_unit import StoreStatus
-from .streamer import StreamStatus
+from .streamer import WRITEBACK_SLOTS, StreamStatus
 from .weight_loader import WeightStatus
 
 
@@ -132,36 +131,119 @@ class IssueStage(wiring.Component):
         # ------------------------------------------------------------ hazards
         head = self.decoded.payload
         instr = head.instr
-        kind = head.kind
         drained = stream_.drained
-        m.submodules.hazards = hazards = Hazards()
-        wiring.connect(m, wiring.flipped(self.next_head), hazards.next_head)
-        m.d.comb += [
-            hazards.head.eq(head), hazards.head_valid.eq(self.decoded.valid),
-            hazards.load.eq(load), hazards.weights.eq(weights), hazards.stream.eq(stream_),
-            hazards.store.eq(store), hazards.reader_busy.eq(self.fetch.reader_busy),
-            hazards.running.eq(running),
-        ]
-        blocked = hazards.blocked
+
+        # Each comparison of the head with a unit's rows or bytes is made in the cycle
+        # before, into a register: between the next head (the decoder's entry if it loads
+        # one, else this head) and what the unit's registers will hold (the head's, if they
+        # follow it, else their own). Only the last choices wait for this cycle's issue.
+        def ahead(name, compare, ours, unit_next):
+            flag = Signal(name=f"{name}_ahead")
+            m.d.sync += flag.eq(Mux(self.next_head.load,
+                                    compare(ours(self.next_head.entry), unit_next),
+                                    compare(ours(head), unit_next)))
+            return flag
+
+        def overlaps(a, b):              # [lo, hi) ranges, as (lo, hi) pairs
+            return (a[0] < b[1]) & (b[0] < a[1])
+
+        def spad_of(entry):
+            return (entry.spad.lo, entry.spad.hi)
+
+        def acc_of(entry):
+            return (entry.acc.lo, entry.acc.hi)
+
+        def bytes_of(entry):
+            return (entry.lo, entry.hi)
+
+        def pair(rows):
+            return (rows.lo, rows.hi)
+
+        def holds(a, b):                 # a [lo, hi) range holds row b[0]
+            return (a[0] <= b[0]) & (b[0] < a[1])
+
+        def against(name, compare, ours, theirs, follows):
+            """``ahead`` against what a unit's registers will hold: the head's if they
+            follow it, else their own. Both are compared, and ``follows`` (from the unit's
+            flip-flops) picks one after the comparators, beside the issue's choice."""
+            flag = Signal(name=f"{name}_ahead")
+            entry, now = ours(self.next_head.entry), ours(head)
+            m.d.sync += flag.eq(Mux(self.next_head.load,
+                                    Mux(follows, compare(entry, now), compare(entry, theirs)),
+                                    Mux(follows, compare(now, now), compare(now, theirs))))
+            return flag
+
+        spad_vs_stream = against("spad_vs_stream", overlaps, spad_of, pair(stream_.spad),
+                                 stream_.follows)
+        spad_vs_weights = against("spad_vs_weights", overlaps, spad_of, pair(weights.spad),
+                                  weights.follows)
+        spad_vs_load = against("spad_vs_load", overlaps, spad_of, pair(load.spad),
+                               load.follows)
+        acc_vs_store = against("acc_vs_store", overlaps, acc_of, pair(store.acc),
+                               store.follows)
+        bytes_vs_store = against("bytes_vs_store", overlaps, bytes_of,
+                                 (store.lo, store.hi), store.follows)
+        # A store reads accumulator rows: it waits for MATMULs that still write any of them,
+        # and for the writes of its rows that its first read, in the cycle after the issue,
+        # would miss: those in the accumulator's pipeline one and two cycles after their
+        # acceptance (next cycle, this cycle's write and the first of them).
+        store_raw = Cat(*[stream_.writes[i].valid &
+                          against(f"acc_vs_slot{i}", overlaps, acc_of,
+                                  pair(stream_.writes[i].acc), stream_.slot_follows[i])
+                          for i in range(WRITEBACK_SLOTS)]).any()
+        # Each is one flip-flop, the write's valid flag folded into the comparison made a
+        # cycle ahead: the valid flags of the accumulator's stages sit by its block RAM,
+        # across the die (asserted equal to them while a program runs).
+        unseen_next = [stream_.writing, stream_.unseen[0]]
+        assert len(unseen_next) == len(stream_.unseen)
+        for i, write in enumerate(unseen_next):
+            hit = ahead(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,))
+            valid = Signal(name=f"acc_unseen{i}_valid")
+            m.d.sync += valid.eq(write.valid)
+            m.d.sync += Assert(~running | (valid == stream_.unseen[i].valid),
+                               f"issue stage: the copy of unseen write {i} out of step")
+            store_raw = store_raw | (valid & hit)
+        store_dram_hazard = store.busy & bytes_vs_store
+
+        # Why the head waits, for the stall counters: for each kind of instruction (the
+        # decoder's flags, at most one set), the units it waits for.
+        kind = head.kind
+        waits = {   # kind: (load, array, store)
+            "end":        (load.busy | self.fetch.reader_busy, weights.busy | ~drained,
+                           store.busy),
+            "load_spad":  (load.busy, (stream_.busy & spad_vs_stream) |
+                           (weights.busy & spad_vs_weights), store_dram_hazard),
+            "load_acc":   (load.busy, ~drained, store.busy),
+            "load_quant": (load.busy, 0, store.busy),
+            "preload":    (load.to_spad & spad_vs_load, weights.busy, 0),
+            "matmul":     (load.to_acc | (load.to_spad & spad_vs_load),
+                           ~stream_.free | stream_.full | weights.busy,
+                           store.busy & acc_vs_store),
+            # No load before a store may still fail.
+            "store":      (load.busy, store_raw, store.busy),
+        }
+        assert waits.keys() == KIND_OPCODES.keys()
+        blocked_load, blocked_array, blocked_store = (
+            Signal(name=f"blocked_{unit}") for unit in ("load", "array", "store"))
+        for i, blocked in enumerate((blocked_load, blocked_array, blocked_store)):
+            m.d.comb += blocked.eq(Cat(*[kind[name] & terms[i]
+                                        for name, terms in waits.items()]).any())
 
         # ------------------------------------------------------------ issue
         # The decision: the run may issue (``go``, no ``refetch``) and the head's kind while
-        # valid and not faulty (the decoder's ``issuable``) waits for none of its units
-        # (``hazards.ready``, decided a cycle ahead, and ``hazards.late``), each from
-        # flip-flops made for it (the originals, placed by their other loads, had routes
-        # before the decision's LUTs on the 4x4's longest paths; the terms themselves were
-        # four LUT levels). The chain below (errors, stall counts) decides the same
-        # (asserted).
+        # valid and not faulty (the decoder's ``issuable``) waits for none of its units,
+        # each from copies made for it (the originals, placed by their other loads, had
+        # routes before the decision's LUTs on the 4x4's longest paths). The chain below
+        # (errors, stall counts) decides the same (asserted).
         go = status_copy(m, "issue_go",
                          running & ~stopping & ~start_while_busy & ~at_prog_end,
                          running_next & ~stopping_next & ~start_while_busy_next &
                          ~at_prog_end_next)
         issuable = self.next_head.issuable
         issue = Signal()
-        m.d.comb += issue.eq(go & ~self.fetch.refetch & Cat(*[
-            issuable[name] & hazards.ready[name] & ~hazards.late[name]
-            for name in KIND_OPCODES]).any())
-        m.d.comb += hazards.issue.eq(issue)
+        m.d.comb += issue.eq(go & ~self.fetch.refetch &
+                             Cat(*[issuable[name] & ~Cat(*terms).any()
+                                   for name, terms in waits.items()]).any())
         decided = Signal()
         issue_fault = Signal(Fault)
         m.d.comb += issue_fault.pc.eq(host.pc)
@@ -169,44 +251,37 @@ class IssueStage(wiring.Component):
         def raise_error(code):
             m.d.comb += [issue_fault.valid.eq(1), issue_fault.code.eq(code)]
 
-        # A stall goes into its counter at the next edge, from a flip-flop (``stalled_*``):
-        # the chain's terms into the counters' enables were a group of the 4x4's failing
-        # paths. Stalls are counted only while running and not stopping, never in the cycle
-        # an END issues, so every count is in by the time ``done`` or ``error`` shows, and
-        # none is pending at a start (``begin`` clears the counters, below).
-        stalled = {name: Signal(name=f"stalled_{name}")
-                   for name in ("fetch", "load", "store", "array")}
-        m.d.sync += [flag.eq(0) for flag in stalled.values()]
-        for name, flag in stalled.items():
-            counter = getattr(perf, f"stall_{name}")
-            with m.If(flag):
-                m.d.sync += counter.eq(counter + 1)
         with m.If(running & ~stopping & ~self.fetch.refetch):
             with m.If(start_while_busy):
                 raise_error(ErrorCode.START_BUSY)
             with m.Elif(at_prog_end):
                 raise_error(ErrorCode.PROGRAM)
             with m.Elif(~self.decoded.valid):
-                m.d.sync += stalled["fetch"].eq(1)
+                m.d.sync += perf.stall_fetch.eq(perf.stall_fetch + 1)
             with m.Elif(kind.faulty):
                 with m.If(head.bus_error):
                     raise_error(ErrorCode.BUS_READ)
                 with m.Else():
                     raise_error(head.check)
-            with m.Elif(blocked.as_value().any()):
-                with m.If(blocked.load):
-                    m.d.sync += stalled["load"].eq(1)
-                with m.Elif(blocked.store):
-                    m.d.sync += stalled["store"].eq(1)
+            with m.Elif(blocked_load | blocked_store | blocked_array):
+                with m.If(blocked_load):
+                    m.d.sync += perf.stall_load.eq(perf.stall_load + 1)
+                with m.Elif(blocked_store):
+                    m.d.sync += perf.stall_store.eq(perf.stall_store + 1)
                 with m.Else():
-                    m.d.sync += stalled["array"].eq(1)
+                    m.d.sync += perf.stall_array.eq(perf.stall_array + 1)
             with m.Else():
                 m.d.comb += decided.eq(1)
         m.d.sync += Assert(issue == decided, "issue stage: the decision's flags out of step")
         m.d.comb += self.decoded.ready.eq(issue)
 
-        for unit_name, kinds in UNIT_KINDS.items():
-            unit = getattr(self, unit_name)
+        units = {
+            self.load:    ("load_spad", "load_acc", "load_quant"),
+            self.weights: ("preload",),
+            self.stream:  ("matmul",),
+            self.store:   ("store",),
+        }
+        for unit, kinds in units.items():
             m.d.comb += [
                 unit.cmd.valid.eq(issue & Cat(*[kind[name] for name in kinds]).any()),
                 unit.cmd.payload.instr.eq(instr),

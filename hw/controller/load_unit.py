@@ -8,8 +8,8 @@ from amaranth.utils import ceil_log2
 
 from ..accumulator import AccumulatorWriteSignature
 from ..isa import ErrorCode, Opcode, QuantMode
-from .signatures import (Ahead, QuantState, ReaderSignature, RowRange, UnitSignature,
-                         ahead_of, status_copy)
+from .signatures import (QuantState, ReaderSignature, RowRange, UnitSignature,
+                         status_copy)
 
 
 __all__ = ["LoadUnit", "LoadStatus"]
@@ -22,7 +22,6 @@ class LoadStatus(data.Struct):
     to_acc:  1          #: a LOAD_ACC (it writes through the streamer's share of the port)
     spad:    RowRange
     follows: 1          #: its ranges take the issue stage's head's at the next edge
-    ahead:   Ahead({"busy": 1, "to_spad": 1, "to_acc": 1})
 
 
 class LoadUnit(wiring.Component):
@@ -226,18 +225,16 @@ class LoadUnit(wiring.Component):
         # The issue stage's copies of ``busy`` and the kinds it asks about (``status_copy``):
         # set as a load issues (only while idle), cleared by the ends above.
         ends = read_failed | (reader.done & ~reader.error & ~op_quant) | judged
-
-        def flags_next(taken):
-            busy_next = Mux(busy, ~ends, taken)
-            return {
-                "busy":    busy_next,
-                "to_spad": busy_next & Mux(busy, op_spad, issued.opcode == Opcode.LOAD_SPAD),
-                "to_acc":  busy_next & Mux(busy, op_acc, issued.opcode == Opcode.LOAD_ACC),
-            }
-        ahead_of(m, status.ahead, flags_next)
-        now = {"busy": busy, "to_spad": busy & op_spad, "to_acc": busy & op_acc}
-        for name, value_next in flags_next(cmd.valid).items():
-            m.d.comb += status[name].eq(status_copy(m, f"load_{name}", now[name], value_next))
+        busy_next = Mux(busy, ~ends, cmd.valid)
+        m.d.comb += [
+            status.busy.eq(status_copy(m, "load_busy", busy, busy_next)),
+            status.to_spad.eq(status_copy(
+                m, "load_to_spad", busy & op_spad,
+                busy_next & Mux(busy, op_spad, issued.opcode == Opcode.LOAD_SPAD))),
+            status.to_acc.eq(status_copy(
+                m, "load_to_acc", busy & op_acc,
+                busy_next & Mux(busy, op_acc, issued.opcode == Opcode.LOAD_ACC))),
+        ]
         m.d.comb += [
             self.quant.valid.eq(deliver),
             self.quant.payload.mode.eq(mode),

@@ -1,6 +1,6 @@
 """The layouts and signatures the controller's blocks talk through, defined once."""
 
-from amaranth.hdl import Assert, Const, Signal, Value, signed
+from amaranth.hdl import Assert, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -10,8 +10,8 @@ from ..isa import Instruction, Opcode, QuantMode
 
 __all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
            "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
-           "status_copy", "KIND_OPCODES", "Kind", "Decoded", "decoded_slices", "CheckFlags",
-           "Issuable", "NextHeadSignature", "UNIT_KINDS", "Ahead", "ahead_of"]
+           "status_copy", "KIND_OPCODES", "Kind", "Decoded",
+           "decoded_slices", "Issuable", "NextHeadSignature"]
 
 
 class PerfCounters(data.Struct):
@@ -75,25 +75,6 @@ class Issued(data.Struct):
     hi:    33
     spad:  RowRange
     acc:   RowRange
-
-
-def Ahead(flags):
-    """A unit's status flags (a dict of names and widths) as they will be after the next
-    edge, both ways: ``idle`` if the unit takes no command in this cycle, ``taken`` if it
-    takes the one offered (its flip-flops and the command's payload decide both, not
-    ``cmd.valid``), so that the issue stage's hazard checks can be made a cycle ahead with
-    only its own decision left to choose between them (:class:`~.hazards.Hazards`)."""
-    flags = data.StructLayout(flags)
-    return data.StructLayout({"idle": flags, "taken": flags})
-
-
-def ahead_of(m, ahead, flags_next):
-    """Drive ``ahead`` (an :func:`Ahead` view) from ``flags_next(taken)``, the unit's flags
-    after the next edge as a function of whether it takes a command now, which the unit
-    also calls with ``cmd.valid`` to load its copies of them: one function, so the two agree."""
-    for way, taken in (("idle", 0), ("taken", 1)):
-        for name, value in flags_next(Const(taken)).items():
-            m.d.comb += ahead[way][name].eq(value)
 
 
 def UnitSignature(status, *, fault=False, halt=False):
@@ -189,17 +170,6 @@ KIND_OPCODES = {
 }
 
 
-#: The kinds of instruction each unit runs (the issue stage's ``cmd`` to it is valid only
-#: for these).
-UNIT_KINDS = {
-    "load":    ("load_spad", "load_acc", "load_quant"),
-    "weights": ("preload",),
-    "stream":  ("matmul",),
-    "store":   ("store",),
-}
-assert sorted(sum(UNIT_KINDS.values(), ())) == sorted(set(KIND_OPCODES) - {"end"})
-
-
 class Kind(data.Struct):
     """An instruction's opcode decoded before the queue (one flag of :data:`KIND_OPCODES`
     at most), and ``faulty``: its fetch failed or its check did not pass. The issue stage's
@@ -244,16 +214,6 @@ def decoded_slices(*groups, widest=33):
     return tuple(ranges)
 
 
-class CheckFlags(data.Struct):
-    """The outcomes of a decoded instruction's checks in the decoder's stage 1, each set
-    only under the opcodes it applies to; stage 3 makes the error code of the first in this
-    order, then the DRAM range's (stage 2's)."""
-    illegal:    1
-    bad_length: 1
-    spad_range: 1
-    acc_range:  1
-
-
 #: One flag per :data:`KIND_OPCODES` kind: :class:`NextHeadSignature`'s ``issuable``.
 Issuable = data.StructLayout({name: 1 for name in KIND_OPCODES})
 
@@ -262,13 +222,9 @@ def NextHeadSignature():
     """What the decoder's head register takes at the next edge: ``entry`` when ``load``
     (else it keeps what it holds), so that the issue stage can compare the next head with
     its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle.
-    ``front``: the front register holds an entry (``load`` is ``front`` while the head is
-    empty or issues, else 0). ``end_at_head``: the head holds an END (``decoded.valid`` and
-    its ``kind.end``), from a flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
+    ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
+    flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
     while it is valid and not faulty (0 otherwise), from flip-flops of their own, for the
-    issue decision only. ``head_copy``: the head's ranges (``lo``, ``hi``, ``spad``, ``acc``;
-    its other fields are not kept) while it is valid, and ``entry_copy`` the front entry's
-    while ``front``, from flip-flops of their own, for the hazard comparisons only."""
-    return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "front": Out(1),
-                             "end_at_head": Out(1), "issuable": Out(Issuable),
-                             "head_copy": Out(Decoded), "entry_copy": Out(Decoded)})
+    issue decision only."""
+    return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "end_at_head": Out(1),
+                             "issuable": Out(Issuable)})

@@ -11,8 +11,7 @@ from amaranth.utils import ceil_log2
 from ..bram import READ_LATENCY
 from ..isa import ErrorCode, Opcode
 from ..requant import Requantizer
-from .signatures import (Ahead, QuantState, RowRange, UnitSignature, WriterSignature,
-                         ahead_of, status_copy)
+from .signatures import QuantState, RowRange, UnitSignature, WriterSignature, status_copy
 
 
 __all__ = ["StoreUnit", "StoreStatus"]
@@ -25,7 +24,6 @@ class StoreStatus(data.Struct):
     lo:   32            #: it writes DRAM bytes [lo, hi)
     hi:   33
     follows: 1          #: its ranges take the issue stage's head's at the next edge
-    ahead: Ahead({"busy": 1})
 
 
 class StoreUnit(wiring.Component):
@@ -299,12 +297,8 @@ class StoreUnit(wiring.Component):
             m.d.sync += idle_reg.eq(0)
         with m.If(enters):
             m.d.sync += idle_reg.eq(1)
-
-        def flags_next(taken):
-            return {"busy": Mux(enters, 0, Mux(fsm.ongoing("IDLE") & taken, 1, ~idle_reg))}
-        ahead_of(m, status.ahead, flags_next)
-        status_busy = status_copy(m, "store_busy", ~idle_reg, flags_next(cmd.valid)["busy"],
-                                  init=0)
+        status_busy = status_copy(m, "store_busy", ~idle_reg,
+                                  Mux(enters, 0, Mux(leaves, 1, ~idle_reg)), init=0)
         m.d.sync += Assert(idle_reg == fsm.ongoing("IDLE"), "store unit: idle out of step")
         # The requantizer copies the state into each lane first: a row must not reach it
         # before the copies hold the state the last LOAD_QUANT set (Requantizer.setup).

@@ -10,8 +10,7 @@ from amaranth.utils import ceil_log2
 from ..accumulator import AccumulatorWriteSignature, AccWrite
 from ..bram import READ_LATENCY
 from ..systolic import ActivationRow
-from .signatures import (Ahead, CommitSignature, RowRange, UnitSignature, ahead_of,
-                         status_copy)
+from .signatures import CommitSignature, RowRange, UnitSignature, status_copy
 
 
 __all__ = ["Streamer", "StreamStatus", "WRITEBACK_SLOTS"]
@@ -40,8 +39,6 @@ class StreamStatus(data.Struct):
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
     follows:   1    #: ``spad`` takes the issue stage's head's at the next edge
     slot_follows: WRITEBACK_SLOTS   #: so does the ``acc`` of each of these slots
-    ahead:     Ahead({"busy": 1, "free": 1, "full": 1, "drained": 1,
-                      "in_use": WRITEBACK_SLOTS})   #: the writes' valid flags
     writing:   AccWrite   #: the accumulator's write in this cycle
     #: the writes in its pipeline that a read started in the next cycle would miss
     unseen:    data.ArrayLayout(AccWrite, READ_LATENCY)
@@ -64,10 +61,6 @@ class Streamer(wiring.Component):
         The scratchpad's activation read port.
     act : Out(stream.Signature(ActivationRow(rows), always_ready=True))
     result : In(stream.Signature(ArrayLayout(signed(32), cols), always_ready=True))
-    result_ahead : In(1)
-        ``result.valid`` after the next edge: the streamer's control reads a copy of it made
-        here (``status_copy_result_valid``), not the array's flip-flop, which sits by the
-        array (its route into the issue stage's flags was the 8x8's longest path).
     acc : In(AccumulatorWriteSignature)
         The accumulator's write port.
     load_acc : Out(AccumulatorWriteSignature)
@@ -84,7 +77,6 @@ class Streamer(wiring.Component):
             "act":      Out(stream.Signature(ActivationRow(config.rows), always_ready=True)),
             "result":   In(stream.Signature(data.ArrayLayout(signed(32), config.cols),
                                             always_ready=True)),
-            "result_ahead": In(1),
             "acc":      In(acc_port),
             "load_acc": Out(acc_port),
         })
@@ -94,7 +86,6 @@ class Streamer(wiring.Component):
         rows, cols = self.config.rows, self.config.cols
         cmd, status = self.issue.cmd, self.issue.status
 
-        result_valid = status_copy(m, "result_valid", self.result.valid, self.result_ahead)
         busy = Signal()
         spad = Signal(RowRange)
         # The row of this cycle: whether it is the MATMUL's last, how many follow it, and
@@ -130,39 +121,31 @@ class Streamer(wiring.Component):
         full = Signal()
         drained = Signal(init=1)
         in_use = Signal(WRITEBACK_SLOTS)
-        free = Signal()              # a MATMUL issued now streams right behind
+        busy_next = Signal()
+        head_next = Signal.like(head)
         queued_next = Signal.like(queued)
-        m.d.comb += queued_next.eq(queued + push - pop)
+        m.d.comb += [
+            busy_next.eq(cmd.valid | (busy & ~last)),
+            head_next.eq(head ^ pop),
+            queued_next.eq(queued + push - pop),
+        ]
         # The accumulator is busy in the next cycle with this cycle's write and the two before
         # it (its s1 and s2, ``unseen``): its own ``busy`` adds the one in S, written now.
         acc_busy_next = self.acc.en | Cat(*[write.valid for write in self.acc.unseen]).any()
-        matmul = cmd.payload.instr.args.matmul
-
-        def flags_next(taken):       # push is cmd.valid
-            busy_next = taken | (busy & ~last)
-            head_next = head ^ pop
-            queued_after = queued + taken - pop
+        m.d.sync += [
+            full.eq(queued_next == WRITEBACK_SLOTS),
+            drained.eq(~busy_next & (queued_next == 0) & ~acc_busy_next),
+        ]
+        for i in range(WRITEBACK_SLOTS):
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
-            return {
-                "busy":    busy_next,
-                # Free next when free now and no MATMUL issues or one of one row does, or on
-                # the row before the last.
-                "free":    Mux(free, ~taken | (matmul.rows == 1), rows_after == 1),
-                "full":    queued_after == WRITEBACK_SLOTS,
-                "drained": ~busy_next & (queued_after == 0) & ~acc_busy_next,
-                "in_use":  Cat(*[((head_next == i) & (queued_after >= 1)) |
-                                 ((head_next != i) & (queued_after == 2))
-                                 for i in range(WRITEBACK_SLOTS)]),
-            }
-        ahead_of(m, status.ahead, flags_next)
-        flags = flags_next(cmd.valid)
-        m.d.sync += [full.eq(flags["full"]), drained.eq(flags["drained"]),
-                     in_use.eq(flags["in_use"])]
+            m.d.sync += in_use[i].eq(((head_next == i) & (queued_next >= 1)) |
+                                     ((head_next != i) & (queued_next == 2)))
         m.d.sync += [
             Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
             Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),
                    "streamer: drained out of step"),
         ]
+        free = Signal()              # a MATMUL issued now streams right behind
         m.d.comb += [
             free.eq(~busy | last),               # reading its last row this cycle
             status.spad.eq(spad),
@@ -205,6 +188,7 @@ class Streamer(wiring.Component):
         m.d.comb += push.eq(cmd.valid)
         with m.If(cmd.valid):
             m.d.sync += busy.eq(1)
+        matmul = cmd.payload.instr.args.matmul
         with m.If(~status.full):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
@@ -221,9 +205,12 @@ class Streamer(wiring.Component):
                 n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
         m.d.sync += macs.eq(Mux(busy, k_used * n_used, 0))
-        # The issue stage's copies of ``busy`` and ``free`` (``status_copy``).
-        status_busy = status_copy(m, "stream_busy", busy, flags["busy"])
-        status_free = status_copy(m, "stream_free", free, flags["free"], init=1)
+        # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
+        # free now and no MATMUL issues or one of one row does, or on the row before the last.
+        status_busy = status_copy(m, "stream_busy", busy, busy_next)
+        status_free = status_copy(m, "stream_free", free,
+                                  Mux(free, ~cmd.valid | (matmul.rows == 1), rows_after == 1),
+                                  init=1)
         m.d.comb += [status.busy.eq(status_busy), status.free.eq(status_free),
                      status.follows.eq(status_free)]
         m.d.comb += [
@@ -240,7 +227,7 @@ class Streamer(wiring.Component):
         # or the issue stage's head's, which the tail slot follows, when that slot is the
         # tail), and follows the head while no MATMUL is queued.
         write_addr = Signal.like(self.acc.addr)
-        with m.If(result_valid):
+        with m.If(self.result.valid):
             with m.If(pop):
                 m.d.sync += write_addr.eq(Mux(queued == 1, cmd.payload.acc.lo,
                                               Mux(head, slots[0].acc.lo, slots[1].acc.lo)))
@@ -248,7 +235,7 @@ class Streamer(wiring.Component):
                 m.d.sync += write_addr.eq(write_addr + 1)
         with m.Elif(queued == 0):
             m.d.sync += write_addr.eq(cmd.payload.acc.lo)
-        m.d.sync += Assert(~result_valid |
+        m.d.sync += Assert(~self.result.valid |
                            (write_addr == (oldest.acc.lo + out_count)[:len(write_addr)]),
                            "streamer: write_addr out of step")
         # Whether this result is the oldest MATMUL's last, in a flip-flop kept as write_addr
@@ -258,7 +245,7 @@ class Streamer(wiring.Component):
         out_left = Signal(16)
         out_last = Signal()
         cmd_rows = matmul.rows
-        with m.If(result_valid):
+        with m.If(self.result.valid):
             with m.If(pop):
                 rows_next = Mux(queued == 1, cmd_rows,
                                 Mux(head, slots[0].rows, slots[1].rows))
@@ -267,9 +254,9 @@ class Streamer(wiring.Component):
                 m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 1)]
         with m.Elif(queued == 0):
             m.d.sync += [out_left.eq(cmd_rows - 1), out_last.eq(cmd_rows == 1)]
-        m.d.sync += Assert(~result_valid | (out_last == (out_count == oldest.rows - 1)),
+        m.d.sync += Assert(~self.result.valid | (out_last == (out_count == oldest.rows - 1)),
                            "streamer: out_last out of step")
-        with m.If(result_valid):
+        with m.If(self.result.valid):
             m.d.comb += [
                 self.acc.addr.eq(write_addr),
                 self.acc.data.eq(self.result.payload),
@@ -290,7 +277,7 @@ class Streamer(wiring.Component):
         m.d.comb += [self.load_acc.busy.eq(self.acc.busy),
                      self.load_acc.unseen.eq(self.acc.unseen)]
         # The issue stage starts a LOAD_ACC only on a drained array: no write is ever dropped.
-        m.d.sync += Assert(~(result_valid & self.load_acc.en),
+        m.d.sync += Assert(~(self.result.valid & self.load_acc.en),
                            "an accumulator write of LOAD_ACC met a result of the array")
 
         m.d.sync += queued.eq(queued_next)

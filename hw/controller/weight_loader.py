@@ -7,8 +7,7 @@ from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from .signatures import (Ahead, CommitSignature, RowRange, UnitSignature, ahead_of,
-                         status_copy)
+from .signatures import CommitSignature, RowRange, UnitSignature, status_copy
 
 
 __all__ = ["WeightLoader", "WeightStatus"]
@@ -19,7 +18,6 @@ class WeightStatus(data.Struct):
     busy: 1
     spad: RowRange      #: the scratchpad rows it reads
     follows: 1          #: its ranges take the issue stage's head's at the next edge
-    ahead: Ahead({"busy": 1})
 
 
 class WeightLoader(wiring.Component):
@@ -94,11 +92,9 @@ class WeightLoader(wiring.Component):
             m.d.sync += pending.eq(0)
         # The issue stage's copy of ``busy``: set as a PRELOAD issues (only while idle),
         # cleared as the last row is read.
-        def flags_next(taken):
-            return {"busy": Mux(busy, ~(guard_zero & (count == rows - 1)), taken)}
-        ahead_of(m, status.ahead, flags_next)
-        m.d.comb += status.busy.eq(status_copy(m, "weights_busy", busy,
-                                               flags_next(cmd.valid)["busy"]))
+        m.d.comb += status.busy.eq(status_copy(
+            m, "weights_busy", busy,
+            Mux(busy, ~(guard_zero & (count == rows - 1)), cmd.valid)))
         m.d.comb += [
             self.weight.valid.eq(arrive),
             self.weight.payload.eq(self.spad.data[:8 * cols]),

@@ -94,10 +94,11 @@ class DMAReader(wiring.Component):
         byte_mask = Signal(self.row_bytes, reset_less=True)
         # One-hot: the beat of the row that arrives next.
         beat_is = Signal(read_words, reset_less=True)
-        # The data side's start, a cycle after the command: the command lands in these few
-        # flip-flops by the command's source, and the next cycle loads the data side's
-        # registers from them (the offset's copies lie by their byte lanes: the handshake's
-        # route to them was the 8x8's longest path). The first beat comes at least a cycle after the first address, which is
+        # The data side's start, a cycle after the command: the command's handshake (late in
+        # its cycle: the fetcher's grant) enables only these few flip-flops by the command's
+        # source, and the next cycle loads the data side's registers from them (the offset's
+        # copies lie by their byte lanes: the handshake's route to them was the 8x8's longest
+        # path). The first beat comes at least a cycle after the first address, which is
         # offered in the cycle after the command: the data side is not read before then.
         r_start = Signal()
         r_start_offset = Signal(range(bus_bytes), reset_less=True)
@@ -111,20 +112,16 @@ class DMAReader(wiring.Component):
         m.d.sync += Assert(~self.cmd.valid | (cmd.row_bytes <= self.row_bytes),
                            "a DMA read command with rows wider than the reader's")
         first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
-        # While idle, the command's registers follow what is offered, so that the handshake
-        # (late in its cycle: the fetcher's grant) enables only the flags, not these some
-        # 130 flip-flops (the 8x8's groups of failing paths, from the load unit's request
-        # through the grant): the last cycle they follow is the command's.
-        with m.If(self.idle):
-            m.d.sync += [
-                ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
-                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
-                r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
-                row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
-            ]
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.comb += r_abort_next.eq(0)
-            m.d.sync += [ar_active.eq(1), r_active.eq(1), r_error.eq(0)]
+            m.d.sync += [
+                ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
+                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
+                r_active.eq(1),
+                r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
+                r_error.eq(0),
+                row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
+            ]
         m.d.sync += r_start.eq(self.cmd.valid & self.cmd.ready)
         with m.If(r_start):
             m.d.sync += [
