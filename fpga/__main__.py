@@ -26,6 +26,9 @@ def _flow_arguments(parser):
     parser.add_argument("--mac", choices=MAC_STYLES, default="dsp",
                         help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
                              "of 'npu verilog', multipliers as Yosys infers them")
+    parser.add_argument("--timing-weight", type=int, default=FlowOptions.placer_timing_weight,
+                        metavar="W", help="nextpnr's --placer-heap-timingweight (default "
+                        f"{FlowOptions.placer_timing_weight})")
     parser.add_argument("--pnr-minutes", type=_minutes, default=FlowOptions.pnr_minutes,
                         metavar="MIN", help="stop a place and route still running after this "
                         f"long, as a failed run (default {FlowOptions.pnr_minutes:g}; 0: no "
@@ -108,6 +111,7 @@ def main(argv=None):
         if arguments.command == "run":
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
                                   mac=arguments.mac, seed=arguments.seed, top=arguments.top,
+                                  placer_timing_weight=arguments.timing_weight,
                                   synth_only=arguments.synth_only,
                                   pnr_minutes=arguments.pnr_minutes)
             report = run(arguments.config, options,
@@ -117,7 +121,8 @@ def main(argv=None):
                 print(json.dumps(report, indent=2))
         elif arguments.command == "report":
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
-                                  mac=arguments.mac, pnr_minutes=arguments.pnr_minutes)
+                                  mac=arguments.mac, pnr_minutes=arguments.pnr_minutes,
+                                  placer_timing_weight=arguments.timing_weight)
             write_report(arguments.configs, arguments.array_configs, options, arguments.out,
                          seeds=arguments.seeds, jobs=arguments.jobs, reuse=arguments.reuse)
         else:

@@ -32,7 +32,7 @@ from amaranth_boards.ulx3s import (ULX3S_25F_Platform, ULX3S_45F_Platform,
 
 from hw.pe import ECP5_MAC_PIPELINE
 from hw.top import NPU, enforce_assertions
-from .flow import KEEP_APART, REPO_ROOT, FlowError
+from .flow import KEEP_APART, PLACER_TIMING_WEIGHT, REPO_ROOT, FlowError
 from .harness import ScanHarness
 from .pll import ecp5_pll
 
@@ -162,7 +162,8 @@ def board_plan(platform, config, pll, name="npu"):
     """Amaranth's build plan (files and script, nothing run) of the board build: Yosys reads
     ``<name>.v``, the design's Verilog with its assertions left out of synthesis."""
     plan = platform.prepare(BoardTop(config, pll), name=name,
-                            nextpnr_opts="--router router2 --timing-allow-fail",
+                            nextpnr_opts="--router router2 --timing-allow-fail "
+                                         f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}",
                             synth_opts="-abc9",
                             # proc first, so that the flip-flops KEEP_APART names exist.
                             script_after_read=f"proc\n{KEEP_APART}")

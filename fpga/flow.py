@@ -50,6 +50,11 @@ DEVICES = {
 }
 PACKAGE = "CABGA381"
 SPEED = "6"
+#: nextpnr's HeAP placer weighs each connection's timing criticality by this much against
+#: its wirelength (``--placer-heap-timingweight``; nextpnr's default is 10). The whole NPU's
+#: paths are mostly wire between blocks the placer spreads apart; docs/fpga-timing.md has
+#: the sweep of weights and seeds that chose this value.
+PLACER_TIMING_WEIGHT = 40
 
 #: MAC forms the flow can build: "dsp" is the pipelined array on hand-instantiated
 #: MULT18X18D (the FPGA build), "plain" is exactly the Verilog of ``npu verilog``.
@@ -209,7 +214,8 @@ def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):
 
 
 def place_and_route(workdir, *, device, frequency_mhz, seed=1, router="router2",
-                    package=PACKAGE, speed=SPEED, minutes=None):
+                    timing_weight=PLACER_TIMING_WEIGHT, package=PACKAGE, speed=SPEED,
+                    minutes=None):
     """Run nextpnr-ecp5 on ``npu.json``; nextpnr's report goes to ``nextpnr.json``. With
     ``minutes``, a run still going after that long is stopped (``FlowError``): router2 may
     not converge on some placements, and then runs on for hours."""
@@ -220,6 +226,7 @@ def place_and_route(workdir, *, device, frequency_mhz, seed=1, router="router2",
         DEVICES[device]["nextpnr"], "--package", package, "--speed", speed,
         "--json", "npu.json", "--lpf", "npu.lpf", "--lpf-allow-unconstrained",
         "--router", router, "--seed", str(seed), "--timing-allow-fail",
+        "--placer-heap-timingweight", str(timing_weight),
         "--report", "nextpnr.json", "--sdf", "npu.sdf", "--textcfg", "npu.config",
         "--log", "pnr.log", "-q",
     ]
@@ -286,7 +293,8 @@ def read_report(workdir):
 @dataclass
 class FlowOptions:
     """How :func:`run` builds a config: device, clock constraint, MAC form, top, Yosys
-    options, nextpnr's router and placement seed, and whether to stop after synthesis."""
+    options, nextpnr's router, placer timing weight and placement seed, and whether to stop
+    after synthesis."""
     device: str = "LFE5U-85F"
     frequency_mhz: float = 150.0
     mac: str = "dsp"
@@ -294,6 +302,7 @@ class FlowOptions:
     top: str = "npu"
     synth_options: tuple = ("-abc9",)
     router: str = "router2"
+    placer_timing_weight: int = PLACER_TIMING_WEIGHT
     seed: int = 1
     synth_only: bool = False
     #: Place and route stops after this long (``None``: no limit). A run of the whole 8x8 NPU
@@ -322,6 +331,9 @@ def run(config, options=None, *, workdir=None, log=print):
         raise TypeError(f"config must be an NPUConfig, not {config!r}")
     if options.device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {options.device!r}")
+    weight = options.placer_timing_weight
+    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
+        raise ValueError(f"placer_timing_weight must be a non-negative integer, not {weight!r}")
     minutes = options.pnr_minutes
     if minutes is not None and not (isinstance(minutes, (int, float))
                                     and not isinstance(minutes, bool) and minutes > 0):
@@ -381,6 +393,7 @@ def run(config, options=None, *, workdir=None, log=print):
         "dsp_pes": config.rows * config.cols if dsp_pes is None and options.mac == "dsp"
                    else dsp_pes,
         "router": options.router,
+        "placer_timing_weight": options.placer_timing_weight,
         "seed": options.seed,
         "target_mhz": options.frequency_mhz,
         "yosys_cells": cells,
@@ -389,7 +402,9 @@ def run(config, options=None, *, workdir=None, log=print):
     if not options.synth_only:
         pnr_seconds = place_and_route(workdir, device=options.device,
                                       frequency_mhz=options.frequency_mhz, seed=options.seed,
-                                      router=options.router, minutes=options.pnr_minutes)
+                                      router=options.router,
+                                      timing_weight=options.placer_timing_weight,
+                                      minutes=options.pnr_minutes)
         fmax, utilization, critical = read_report(workdir)
         bels = {bel: figures["used"] for bel, figures in utilization.items()}
         report.update({

@@ -38,7 +38,7 @@ NPU_CONFIGS = ("4x4", "8x8")
 #: Configs of the array alone (16x16 left out: alone it takes longer than the others together).
 ARRAY_CONFIGS = ("4x4", "8x8", "12x12")
 #: nextpnr seeds: each for the whole NPU, the first for the array alone.
-SEEDS = (1, 2)
+SEEDS = (1, 2, 3, 4)
 #: Runs at a time (worker processes); each is one single-threaded tool at a time.
 JOBS = 2
 
@@ -82,6 +82,8 @@ def _same_options(report, options):
             and report.get("top", "npu") == options.top
             and report.get("target_mhz") == options.frequency_mhz
             and report.get("seed") == options.seed
+            # Runs from before the flow set the weight had nextpnr's default, 10.
+            and report.get("placer_timing_weight", 10) == options.placer_timing_weight
             and report.get("mac_pipeline") is not None and "fmax_mhz" in report)
 
 
@@ -340,7 +342,8 @@ def render(npu, array, baselines=(), options=None, others=(), failures=None):
         "# The NPU on Lattice ECP5",
         "",
         f"Measured by `make fpga-report` on {when}: Yosys `synth_ecp5 -abc9` and nextpnr-ecp5 "
-        f"(`--router router2`, {_seeds_used(npu_rows, array_rows)}, clock constraint "
+        f"(`--router router2 --placer-heap-timingweight {options.placer_timing_weight}`, "
+        f"{_seeds_used(npu_rows, array_rows)}, clock constraint "
         f"{options.frequency_mhz:.0f} MHz), from the YoWASP wheels, on `{device}` in "
         f"`{PACKAGE}`, speed grade {SPEED} (the ULX3S part; {DEVICES[device]['mult18']} "
         f"MULT18X18D, {DEVICES[device]['dp16kd']} DP16KD). Fmax is nextpnr's post-route "
@@ -551,6 +554,13 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
 * **Memories**: the scratchpad and the accumulator are `amaranth.lib.memory.Memory`; Yosys
   maps them to DP16KD block RAM (the DP16KD column), nothing to distributed RAM beyond the
   small FIFOs.
+* **Placement**: nextpnr's HeAP placer weighs each connection's timing criticality against
+  its wirelength by `--placer-heap-timingweight`, 40 in the flow
+  (`fpga.flow.PLACER_TIMING_WEIGHT`; nextpnr's default is 10; `python -m fpga run
+  --timing-weight W` for another). Swept on one netlist (fpga-timing.md, fifteenth
+  session): 40 raised both 8x8 seeds and three of four 4x4 seeds and cut the endpoints over
+  8 ns by about a third on the 8x8; heavier weights helped the 4x4 more but stretched single
+  routes between the 8x8's DSP and block RAM rows, and left one 8x8 seed unroutable.
 * **Seeds and workers**: `make fpga-report` places and routes the whole NPU once per seed
   (`FPGA_SEEDS`) and the array alone on the first seed. Each run (a config, a top, a seed)
   has its own folder, `build/fpga/<config>_<device>_dsp[_array][_s<seed>]/` (no `_s<seed>`

@@ -21,11 +21,12 @@ from amaranth.hdl import Elaboratable, Module, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
 
+import fpga.flow
 import fpga.report
 from fpga.__main__ import main as fpga_main
 from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll, board_plan
 from fpga.flow import (ECP5Target, FlowError, FlowOptions, _run_tool, build_dir,
-                       run)
+                       place_and_route, run)
 from fpga.pll import PLLSetting, ecp5_pll
 from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, summarize,
                          write_report)
@@ -448,8 +449,9 @@ def test_summarize_takes_the_best_run_and_the_median():
 
 def test_render_shows_best_median_and_seeds():
     page = render(_NPU_RUNS, _ARRAY_RUNS).splitlines()
-    assert ("(`--router router2`, seeds 1, 2 and 3 for the whole NPU and seed 1 for the array "
-            "alone, clock constraint 150 MHz)") in page[2]
+    assert ("(`--router router2 --placer-heap-timingweight "
+            f"{FlowOptions.placer_timing_weight}`, seeds 1, 2 and 3 for the whole NPU and seed 1 "
+            "for the array alone, clock constraint 150 MHz)") in page[2]
     assert page.index("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | "
                       "Fmax best (MHz) | Fmax median (MHz) | seeds | peak GOPS | critical path "
                       "| minutes |") < page.index("## The systolic array alone")
@@ -711,3 +713,28 @@ def test_place_and_route_time_limit(tmp_path):
                 workdir=tmp_path / "run")
     with pytest.raises(SystemExit):          # argparse: "minutes must be a number, ..."
         fpga_main(["run", "--pnr-minutes", "soon"])
+
+
+def test_placer_timing_weight_reaches_nextpnr_and_the_reuse_check(monkeypatch, tmp_path):
+    """The flow's placer timing weight is on nextpnr's command line and in report.json; a
+    run made with another weight is not reused (one from before the flow set a weight had
+    nextpnr's default, 10); a weight that is not a non-negative integer is refused."""
+    commands = []
+    monkeypatch.setattr(fpga.flow, "_run_tool",
+                        lambda command, *args, **kwargs: commands.append(command) or 0.0)
+    place_and_route(tmp_path, device="LFE5U-85F", frequency_mhz=150.0, timing_weight=37)
+    at = commands[0].index("--placer-heap-timingweight")
+    assert commands[0][at + 1] == "37"
+    options = FlowOptions(placer_timing_weight=37)
+    report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 150.0,
+              "seed": 1, "mac_pipeline": 4, "fmax_mhz": 90.0, "placer_timing_weight": 37}
+    assert fpga.report._same_options(report, options)
+    assert not fpga.report._same_options({**report, "placer_timing_weight": 10}, options)
+    del report["placer_timing_weight"]
+    assert not fpga.report._same_options(report, options)
+    assert fpga.report._same_options(report, FlowOptions(placer_timing_weight=10))
+    for weight in (-1, 2.5, "40", True):
+        with pytest.raises(ValueError, match="placer_timing_weight must be a non-negative "
+                                             f"integer, not {re.escape(repr(weight))}"):
+            run(NPUConfig.from_name("2x2"), FlowOptions(placer_timing_weight=weight),
+                workdir=tmp_path / "run")
