@@ -483,15 +483,16 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   shifter, the masks made from it over two more cycles; the float window's mask from the
   integer point beside stages 6 and 7), the store unit its row selects, the load unit its
   staging enable, and the decoder's head and front registers load in nine slices under
-  copies of their valid flags. What is left is mostly wire: 1,200 to 1,500 (4x4) and
-  2,000 to 2,500 (8x8) endpoints miss 8 ns (`python -m fpga.sta` lists them), the worst
-  by 3.3 to 3.5 (4x4) and 3.6 to 4.2 ns (8x8), most groups by 2 to 4 ns:
+  copies of their valid flags. What is left is mostly wire: 1,060 to 1,300 (4x4) and
+  1,400 to 2,100 (8x8) endpoints miss 8 ns on the runs above (`python -m fpga.sta` lists
+  them), the worst by 3.0 to 3.4 (4x4) and 3.4 to 4.7 ns (8x8), most groups by 2 to 4 ns:
   paths of four to eight
   routes of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
   columns spread the design over the die), with a few LUTs or a carry chain between them,
   some twenty groups within 1 ns of the worst, so that which one a placement stretches
   decides the figure (two seeds of one netlist have differed by 11 MHz on the 4x4 and 27
-  on the 8x8, whose router sometimes clears its last overused wires only by detours). The
+  on the 8x8, whose router sometimes clears its last overused wires only by detours and
+  sometimes not at all). The
   largest groups (docs/fpga-timing.md has the latest list): the issue decision (four LUT
   levels from its flags) into the decoder's head and front registers, the weight loader and
   the units; the DMA reader's address registers from the load unit's command through the
@@ -561,6 +562,9 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   session): 40 raised both 8x8 seeds and three of four 4x4 seeds and cut the endpoints over
   8 ns by about a third on the 8x8; heavier weights helped the 4x4 more but stretched single
   routes between the 8x8's DSP and block RAM rows, and left one 8x8 seed unroutable.
+  The array alone came out lower with 40 on its one seed (4x4 165.4 to 160.5, 8x8 156.2 to
+  151.3, 12x12 114.8 to 99.9 MHz: its paths are single routes between DSPs); it keeps the
+  flow's one weight, so that it is placed as the NPU it stands for.
 * **Seeds and workers**: `make fpga-report` places and routes the whole NPU once per seed
   (`FPGA_SEEDS`) and the array alone on the first seed. Each run (a config, a top, a seed)
   has its own folder, `build/fpga/<config>_<device>_dsp[_array][_s<seed>]/` (no `_s<seed>`
