@@ -51,10 +51,12 @@ DEVICES = {
 PACKAGE = "CABGA381"
 SPEED = "6"
 #: nextpnr's HeAP placer weighs each connection's timing criticality by this much against
-#: its wirelength (``--placer-heap-timingweight``; nextpnr's default is 10). The whole NPU's
-#: paths are mostly wire between blocks the placer spreads apart; docs/fpga-timing.md has
-#: the sweep of weights and seeds that chose this value.
+#: its wirelength (``--placer-heap-timingweight``; nextpnr's own default below, which every
+#: run before the flow set a weight had). The whole NPU's paths are mostly wire between
+#: blocks the placer spreads apart; docs/fpga-timing.md has the sweep of weights and seeds
+#: that chose this value.
 PLACER_TIMING_WEIGHT = 40
+NEXTPNR_TIMING_WEIGHT = 10
 
 #: MAC forms the flow can build: "dsp" is the pipelined array on hand-instantiated
 #: MULT18X18D (the FPGA build), "plain" is exactly the Verilog of ``npu verilog``.

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hw.config import NPUConfig
-from .flow import DEVICES, PACKAGE, REPO_ROOT, SPEED, FlowError, FlowOptions, build_dir, run
+from .flow import (DEVICES, NEXTPNR_TIMING_WEIGHT, PACKAGE, REPO_ROOT, SPEED, FlowError,
+                   FlowOptions, build_dir, run)
 
 
 __all__ = ["NPU_CONFIGS", "ARRAY_CONFIGS", "SEEDS", "JOBS", "Run", "plan", "summarize",
@@ -82,8 +83,9 @@ def _same_options(report, options):
             and report.get("top", "npu") == options.top
             and report.get("target_mhz") == options.frequency_mhz
             and report.get("seed") == options.seed
-            # Runs from before the flow set the weight had nextpnr's default, 10.
-            and report.get("placer_timing_weight", 10) == options.placer_timing_weight
+            # Runs from before the flow set the weight had nextpnr's default.
+            and (report.get("placer_timing_weight", NEXTPNR_TIMING_WEIGHT)
+                 == options.placer_timing_weight)
             and report.get("mac_pipeline") is not None and "fmax_mhz" in report)
 
 
@@ -484,7 +486,7 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   integer point beside stages 6 and 7), the store unit its row selects, the load unit its
   staging enable, and the decoder's head and front registers load in nine slices under
   copies of their valid flags. What is left is mostly wire: 1,060 to 1,300 (4x4) and
-  1,400 to 2,100 (8x8) endpoints miss 8 ns on the runs above (`python -m fpga.sta` lists
+  1,400 to 2,120 (8x8) endpoints miss 8 ns on the runs above (`python -m fpga.sta` lists
   them), the worst by 3.0 to 3.4 (4x4) and 3.4 to 4.7 ns (8x8), most groups by 2 to 4 ns:
   paths of four to eight
   routes of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
@@ -560,7 +562,7 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   (`fpga.flow.PLACER_TIMING_WEIGHT`; nextpnr's default is 10; `python -m fpga run
   --timing-weight W` for another). Swept on one netlist (fpga-timing.md, fifteenth
   session): 40 raised both 8x8 seeds and three of four 4x4 seeds and cut the endpoints over
-  8 ns by about a third on the 8x8; heavier weights helped the 4x4 more but stretched single
+  8 ns by 31 and 27% on the 8x8; heavier weights helped the 4x4 more but stretched single
   routes between the 8x8's DSP and block RAM rows, and left one 8x8 seed unroutable.
   The array alone came out lower with 40 on its one seed (4x4 165.4 to 160.5, 8x8 156.2 to
   151.3, 12x12 114.8 to 99.9 MHz: its paths are single routes between DSPs); it keeps the

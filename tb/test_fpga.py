@@ -25,8 +25,8 @@ import fpga.flow
 import fpga.report
 from fpga.__main__ import main as fpga_main
 from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll, board_plan
-from fpga.flow import (ECP5Target, FlowError, FlowOptions, _run_tool, build_dir,
-                       place_and_route, run)
+from fpga.flow import (PLACER_TIMING_WEIGHT, ECP5Target, FlowError, FlowOptions, _run_tool,
+                       build_dir, place_and_route, run)
 from fpga.pll import PLLSetting, ecp5_pll
 from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, summarize,
                          write_report)
@@ -370,6 +370,7 @@ def test_board_build_reads_verilog_without_assertions():
     plan = board_plan(platform, NPUConfig.from_name("2x2"), board_pll(platform))
     script = plan.files["npu.ys"]
     assert "read_verilog npu.v" in script and "read_rtlil" not in script
+    assert f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}" in plan.files["build_npu.sh"]
     verilog = plan.files["npu.v"]
     assert "`ifndef SYNTHESIS" in verilog
     assert not re.search(r"^\s*assert \(", verilog, re.MULTILINE)
@@ -718,7 +719,7 @@ def test_place_and_route_time_limit(tmp_path):
 def test_placer_timing_weight_reaches_nextpnr_and_the_reuse_check(monkeypatch, tmp_path):
     """The flow's placer timing weight is on nextpnr's command line and in report.json; a
     run made with another weight is not reused (one from before the flow set a weight had
-    nextpnr's default, 10); a weight that is not a non-negative integer is refused."""
+    nextpnr's default); a weight that is not a non-negative integer is refused."""
     commands = []
     monkeypatch.setattr(fpga.flow, "_run_tool",
                         lambda command, *args, **kwargs: commands.append(command) or 0.0)
@@ -732,7 +733,8 @@ def test_placer_timing_weight_reaches_nextpnr_and_the_reuse_check(monkeypatch, t
     assert not fpga.report._same_options({**report, "placer_timing_weight": 10}, options)
     del report["placer_timing_weight"]
     assert not fpga.report._same_options(report, options)
-    assert fpga.report._same_options(report, FlowOptions(placer_timing_weight=10))
+    assert fpga.report._same_options(
+        report, FlowOptions(placer_timing_weight=fpga.flow.NEXTPNR_TIMING_WEIGHT))
     for weight in (-1, 2.5, "40", True):
         with pytest.raises(ValueError, match="placer_timing_weight must be a non-negative "
                                              f"integer, not {re.escape(repr(weight))}"):
