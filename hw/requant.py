@@ -8,7 +8,7 @@ from amaranth.lib.wiring import In, Out
 
 from .isa import QuantMode
 from .pe import dsp_pes, mult18x18d
-from .requant_float import POINT_BIAS, float_stages, leading_zeros, rounds_up
+from .requant_float import POINT_BIAS, clamp_bounds, float_stages, leading_zeros, rounds_up
 
 
 __all__ = ["Requantizer", "INT32_MIN", "INT32_MAX"]
@@ -59,7 +59,9 @@ class Requantizer(wiring.Component):
     8. to 10. each mode's rounding, zero point and clamp, from the product:
        fixed, (8) the rounding right shift and its round-up (the remainder's top bit and the
        bits below it, picked by masks made from the shift once per lane: two AND-OR trees,
-       no carry chain), (9) round-up and zero point in one adder, (10) the clamp; float,
+       no carry chain), (9) round-up and zero point in one adder and beside it the
+       clamp's comparisons, of the shifted value against bounds less the zero point, (10)
+       the clamp; float,
        :func:`~hw.requant_float.float_stages`. The mode's result is picked into the result
        register.
 
@@ -288,17 +290,18 @@ class Requantizer(wiring.Component):
                               Mux(overflow_6, INT32_MAX, sum_[15:47])), unsigned(63),
                           "product_7")
 
+        bounds = clamp_bounds(stage, params)
         fixed = self._fixed_stages(m, lane, stage, product_7[31:].as_signed(), right, top,
-                                   below, params)
+                                   below, params, bounds)
         float_ = float_stages(m, lane, stage, delayed, point_5, sign_5, product_7[:48],
-                              params, self._rounds_up)
+                              params, bounds, self._rounds_up)
         return Mux(floating, float_, fixed)
 
     @staticmethod
-    def _fixed_stages(m, lane, stage, high_7, right, top, below, params):
+    def _fixed_stages(m, lane, stage, high_7, right, top, below, params, bounds):
         """Stages 8 to 10 of the fixed-point mode, from ``h`` in stage 7's register: the
         lane's clamped value. ``right`` is the right shift's four copies, one per quarter
-        of the shifted value."""
+        of the shifted value; ``bounds`` the lane's clamp bounds (``clamp_bounds``)."""
         # 8: rounding right shift; round up when the remainder (high & mask) is above the
         # threshold (mask >> 1) + (high < 0), that is: when its top bit is set and, for a
         # negative high, a bit below it too. Two AND-OR trees, no carry chain (the sum and
@@ -311,16 +314,25 @@ class Requantizer(wiring.Component):
         round_up_8 = stage(top_set & (~negative | below_set), 1, "round_up_8")
 
         # 9: shifted + zero point + round-up, as one adder with the round-up as carry in:
-        # (2a + c) + (2b + c) = 2 (a + b + c).
+        # (2a + c) + (2b + c) = 2 (a + b + c); where no clamp applies it is within act_min
+        # .. act_max, so its low 8 bits are all of it. Beside it the clamp, from the
+        # shifted value alone against the bounds less the zero point (y + zero_point <
+        # act_min is y < act_min - zero_point), the round-up left out: with it, a shifted
+        # value one below the lower bound or at the upper one lands on the bound, which the
+        # clamp gives too (act_min <= act_max: LOAD_QUANT refuses others). No comparison
+        # follows the adder (the sum's, in stage 10, were a group of the 8x8's failing
+        # paths).
         doubled = (Cat(round_up_8, shifted_8).as_signed() +
                    Cat(round_up_8, params["zero_point"]).as_signed())
-        with_zero_point_9 = stage(doubled[1:].as_signed(), signed(33), "with_zero_point_9")
+        with_zero_point_9 = stage(doubled[1:9], signed(8), "with_zero_point_9")
+        too_small_9 = stage(shifted_8 < bounds["below_positive"], 1, "too_small_9")
+        too_big_9 = stage(shifted_8 >= bounds["above_positive"], 1, "too_big_9")
 
         # 10: the clamp.
         clamped = Signal(signed(8), name=f"clamped_fixed_{lane}")
-        with m.If(with_zero_point_9 < params["act_min"]):
+        with m.If(too_small_9):
             m.d.comb += clamped.eq(params["act_min"])
-        with m.Elif(with_zero_point_9 > params["act_max"]):
+        with m.Elif(too_big_9):
             m.d.comb += clamped.eq(params["act_max"])
         with m.Else():
             m.d.comb += clamped.eq(with_zero_point_9)

@@ -33,15 +33,16 @@ and 7, then
    picked by a mask made from the point beside stages 6 and 7), and the float32 rounding
    increment at bit 23 or 24;
 9. those tests with bit 23 when it is one of those bits;
-10. the rounding decisions, ``zero_point +- |y|`` in one adder with the round-up as its
-    carry-in, and beside it the clamp, as comparisons of the magnitude with the bounds
-    (precomputed from the zero point and clamp, one register per lane).
+    Beside them, for both rounding decisions, ``zero_point +- |y|`` (one adder each, the
+    round-up as its carry-in) and the clamp, as comparisons of the magnitude with the
+    bounds (precomputed from the zero point and clamp, one register per lane);
+10. the rounding decision, and the sum and clamp it picks.
 """
 
 from amaranth.hdl import Cat, Const, Mux, Signal, signed
 
 
-__all__ = ["POINT_BIAS", "leading_zeros", "float_stages", "rounds_up"]
+__all__ = ["POINT_BIAS", "clamp_bounds", "leading_zeros", "float_stages", "rounds_up"]
 
 
 #: The product P of the two 24-bit significands (the accumulator's 25 bits wide, see above)
@@ -70,27 +71,32 @@ def leading_zeros(m, value, name):
     return count, zero
 
 
-def float_stages(m, lane, stage, delayed, point_5, sign_5, product_7, params, rounds_up):
+def clamp_bounds(stage, params):
+    """The clamp as bounds on what is added to the zero point, from the lane's copies of the
+    parameters (``params``), each in a register made by ``stage``: for the fixed mode's
+    value and the float mode's positive magnitude (y + zero_point > act_max: y > act_max -
+    zero_point), and for the float mode's negative one (|y| < zero_point - act_max). They
+    are static while rows are in flight, so a register costs nothing but a cycle after
+    LOAD_QUANT (stage 9 reads them, long after the copies' setup)."""
+    zero_point, act_min, act_max = (params[name] for name in ("zero_point", "act_min",
+                                                              "act_max"))
+    return {name: stage(value, signed(10), f"bound_{name}") for name, value in [
+        ("above_positive", act_max - zero_point),
+        ("below_positive", act_min - zero_point),
+        ("above_negative", zero_point - act_min),
+        ("below_negative", zero_point - act_max)]}
+
+
+def float_stages(m, lane, stage, delayed, point_5, sign_5, product_7, params, bounds,
+                 rounds_up):
     """The float mode's stages of lane ``lane`` of ``m``: from the integer point's position
     and the sign in stage 5's registers and ``P`` in stage 7's, the clamped value (stage 10,
     to register as the result). ``stage`` and ``delayed`` make the lane's registers (as in
-    :class:`~hw.requant.Requantizer`); ``params`` are the lane's copies of the parameters;
-    ``rounds_up`` is :func:`rounds_up` or a test's broken one."""
+    :class:`~hw.requant.Requantizer`); ``params`` are the lane's copies of the parameters,
+    ``bounds`` its :func:`clamp_bounds`; ``rounds_up`` is :func:`rounds_up` or a test's
+    broken one."""
     zero_point, act_min, act_max = (params[name] for name in ("zero_point", "act_min",
                                                               "act_max"))
-    # The clamp as bounds on the magnitude |y| of the rounded product, for a positive
-    # and a negative product (y + zero_point > act_max: |y| > act_max - zero_point, or
-    # |y| < zero_point - act_max), from the lane's copies of the parameters; they are
-    # static while rows are in flight, so a register costs nothing but a cycle after
-    # LOAD_QUANT (stage 10 reads them, long after the copies' setup).
-    # The lower bounds also less one, for a round-up (|y| < bound is integer < bound - 1).
-    bounds = {name: stage(value, signed(10), f"bound_{name}") for name, value in [
-        ("above_positive", act_max - zero_point),
-        ("below_positive", act_min - zero_point),
-        ("below_positive_up", act_min - zero_point - 1),
-        ("above_negative", zero_point - act_min),
-        ("below_negative", zero_point - act_max),
-        ("below_negative_up", zero_point - act_max - 1)]}
 
     # 6 and 7 (beside the partial sums): the integer point decoded (one-hot), and whether
     # |f| >= 256 (saturated): the point at most 8 bits below P's leading one.
@@ -135,37 +141,42 @@ def float_stages(m, lane, stage, delayed, point_5, sign_5, product_7, params, ro
 
     any_9 = stage(any_8 | (~top_8 & below_8), 1, "any_9")
     all_9 = stage(all_8 & (top_8 | below_8), 1, "all_9")
-    twice_9 = stage(twice_8, 9, "twice_9")
+    twice_9 = stage(twice_8[:2], 2, "twice_9")       # stage 10 reads only the low two
     float_up_9 = stage(float_up_8, 1, "float_up_9")
-    saturate_9 = stage(saturate_8, 1, "saturate_9")
     sign_9 = stage(sign_8, 1, "sign_9")
+    # Beside them, all that needs no round-up decision: zero_point + |y|, or zero_point -
+    # |y| = zero_point + ~integer + (1 - up), for either decision, as one adder with the
+    # carry in ((2a + c) + (2b + c) = 2 (a + b + c)); and the clamp, from the integer part
+    # alone: |y| > bound is integer >= bound and |y| < bound is integer < bound, the
+    # round-up left out: with it, an integer part at the upper bound or one below the lower
+    # one lands on the bound, which the clamp gives too (act_min <= act_max: LOAD_QUANT
+    # refuses others). (In stage 10, after the decision, the adder and the comparisons'
+    # carry chains were 64 failing endpoints of the 8x8.) Where no clamp applies the value
+    # is within act_min .. act_max: its low 8 bits are all of it.
+    integer = twice_8[1:]
+    wide = Cat(integer, Const(0, 3)).as_signed()
+    sums_9 = []
+    for up in (0, 1):
+        carry_in = up ^ sign_8
+        doubled = (Cat(carry_in, Mux(sign_8, ~wide, wide)).as_signed() +
+                   Cat(carry_in, zero_point).as_signed())
+        sums_9.append(stage(doubled[1:9], signed(8), f"unclamped_{up}_9"))
+    above = Mux(sign_8, bounds["above_negative"], bounds["above_positive"])
+    below = Mux(sign_8, bounds["below_negative"], bounds["below_positive"])
+    magnitude = Cat(integer, Const(0, 2)).as_signed()
+    too_big_9 = stage(saturate_8 | (magnitude >= above), 1, "too_big_9")
+    too_small_9 = stage(magnitude < below, 1, "too_small_9")
 
-    # 10: |y| = twice // 2 + up.
-    integer = twice_9[1:]
+    # 10: |y| = twice // 2 + up; the sum it picks, or the clamp.
     up = Signal(name=f"up_{lane}")
     m.d.comb += up.eq(rounds_up(twice_9, any_9, all_9, float_up_9))
-    # zero_point + |y|, or zero_point - |y| = zero_point + ~integer + (1 - up), as one
-    # adder with the carry in: (2a + c) + (2b + c) = 2 (a + b + c).
-    wide = Cat(integer, Const(0, 3)).as_signed()
-    carry_in = up ^ sign_9
-    doubled = (Cat(carry_in, Mux(sign_9, ~wide, wide)).as_signed() +
-               Cat(carry_in, zero_point).as_signed())
-    unclamped = doubled[1:].as_signed()
-    # Beside it the clamp, from the magnitude: |y| > bound is integer > bound without a
-    # round-up and integer >= bound with one; |y| < bound is integer < bound - up.
-    above = Mux(sign_9, bounds["above_negative"], bounds["above_positive"])
-    below = Mux(sign_9, bounds["below_negative"], bounds["below_positive"])
-    below_up = Mux(sign_9, bounds["below_negative_up"], bounds["below_positive_up"])
-    magnitude = Cat(integer, Const(0, 2)).as_signed()
-    too_big = saturate_9 | Mux(up, magnitude >= above, magnitude > above)
-    too_small = Mux(up, magnitude < below_up, magnitude < below)
     clamped = Signal(signed(8), name=f"clamped_float_{lane}")
-    with m.If(too_big):
+    with m.If(too_big_9):
         m.d.comb += clamped.eq(Mux(sign_9, act_min, act_max))
-    with m.Elif(too_small):
+    with m.Elif(too_small_9):
         m.d.comb += clamped.eq(Mux(sign_9, act_max, act_min))
     with m.Else():
-        m.d.comb += clamped.eq(unclamped)
+        m.d.comb += clamped.eq(Mux(up, sums_9[1], sums_9[0]))
     return clamped
 
 

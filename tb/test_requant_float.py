@@ -108,6 +108,17 @@ def test_ties_and_double_rounding():
     _check(_batches(rows, scales, [(0, -128, 127), (-128, -128, 127), (127, -128, 127)]))
 
 
+def test_clamp_at_its_edges():
+    """Every result from -210 to 210 before the clamp, on both sides of each bound, with
+    and without a round-up (a product of .75 rounds up, of .25 not, of .5 to even) and of
+    either sign, for clamps whose bounds less the zero point lie in that range: the lane
+    compares the integer part with the bounds before the rounding decision."""
+    scales = [1.0, 0.25, 0.25, -1.0, -0.25, -0.25, 0.5, -0.5]
+    rows = [[y, 4 * y + 3, 4 * y + 1, y, 4 * y + 3, 4 * y + 1, 2 * y + 1, 2 * y + 1]
+            for y in range(-210, 211)]
+    _check(_batches(rows, scales, [(-3, -10, 6), (100, -100, 50), (-60, -128, 100)]))
+
+
 def _random_case(rng, rows, cols):
     """Accumulators of every magnitude; scales from 2**-40 to 2**6, some negative, some
     subnormal or zero, so that most results are neither 0 nor saturated."""
