@@ -180,7 +180,7 @@ KEEP_APART = ("setattr -set keep 1 w:*weight_shift_row_* w:*forward_lane_* %u "
               "w:*param_lane_* %u w:*select_lane_* %u w:*core_reset_* %u "
               "w:*head_valid_slice_* %u w:*front_valid_slice_* %u w:*stage_lane_* %u "
               "w:*state_word_* %u w:*offset_lane_* %u w:*clear_word_* %u w:*status_copy_* %u "
-              "w:*beat_word_* %u %ci1 c:* %i")
+              "w:*beat_word_* %u w:*due_lane_* %u %ci1 c:* %i")
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}
@@ -385,9 +385,9 @@ def run(config, options=None, *, workdir=None, log=print):
         "package": PACKAGE,
         "speed_grade": SPEED,
         "io": ("scan harness (fpga/harness.py): every NPU port bit registered, inputs from a "
-               f"{harness.input_bits}-bit shift register, outputs captured into a "
-               f"{harness.output_bits}-bit shift register; pins clk, rst, scan_in, "
-               "scan_capture, scan_out"),
+               f"{harness.input_bits}-bit shift register through an update register, outputs "
+               f"held in a register and captured into a {harness.output_bits}-bit shift "
+               "register; pins clk, rst, scan_in, scan_capture, scan_out"),
         "mac": options.mac,
         # The array takes at most cols - 1 stages (its alignment's slack): see SystolicArray.
         "mac_pipeline": min(options.mac_pipeline, config.cols - 1) if options.mac == "dsp" else 0,

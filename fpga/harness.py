@@ -5,10 +5,18 @@ out-of-context build that made each a pin would not fit most ECP5 packages and w
 the pads instead of the design. :class:`ScanHarness` keeps every port bit alive and
 registered with four pins:
 
-* every NPU input is a bit of a shift register fed from ``scan_in`` (one bit per cycle), so
-  each input comes straight from a flip-flop, as from a registered AXI interconnect;
-* every NPU output is captured into a register while ``scan_capture`` is high and shifted out
-  through ``scan_out`` otherwise, so each output ends at a flip-flop after one multiplexer;
+* every NPU input is a bit of a shift register fed from ``scan_in`` (one bit per cycle),
+  copied every cycle into a register of its own (``scan_input_update``, a boundary scan's
+  update stage), so each input comes straight from a flip-flop that nothing else ties
+  down, as from a registered AXI interconnect;
+* every NPU output is registered every cycle (``scan_output_hold``), copied from there into a
+  shift register while ``scan_capture`` is high and shifted out through ``scan_out``
+  otherwise, so each output ends at a flip-flop with no logic before it.
+
+The chains' flip-flops sit in a row, each beside the next; the update and hold registers are
+free to sit by the NPU's logic, and the routes between the two carry no logic. (With the
+chain's bits driving the NPU themselves, routes of 6.5 ns from the chain into the host's
+registers were the 8x8's worst path on one placement: docs/fpga-timing.md.)
 * ``rst`` is registered once and becomes the ``sync`` domain's reset, asynchronous to assert
   and released on a clock edge (``async_reset``): a synchronous reset would be one net from
   one flip-flop to the reset input of every flip-flop of the NPU, and the slowest net of the
@@ -96,11 +104,15 @@ class ScanHarness(wiring.Component):
         # The chains need no reset: whatever they hold is scanned in or captured.
         input_chain = Signal(self.input_bits, name="scan_input_chain", reset_less=True)
         m.d.sync += input_chain.eq(Cat(self.scan_in, input_chain[:-1]))
-        m.d.comb += Cat(*self.inputs).eq(input_chain)
+        input_update = Signal(self.input_bits, name="scan_input_update", reset_less=True)
+        m.d.sync += input_update.eq(input_chain)
+        m.d.comb += Cat(*self.inputs).eq(input_update)
 
+        output_hold = Signal(self.output_bits, name="scan_output_hold", reset_less=True)
+        m.d.sync += output_hold.eq(Cat(*self.outputs))
         output_chain = Signal(self.output_bits, name="scan_output_chain", reset_less=True)
         with m.If(self.scan_capture):
-            m.d.sync += output_chain.eq(Cat(*self.outputs))
+            m.d.sync += output_chain.eq(output_hold)
         with m.Else():
             m.d.sync += output_chain.eq(output_chain[1:])
         m.d.comb += self.scan_out.eq(output_chain[0])

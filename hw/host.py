@@ -57,7 +57,8 @@ class HostInterface(wiring.Component):
         # controller's run state across the die); the response comes two cycles after the
         # pulses: once the master has it, the write has taken effect (a start has made the NPU
         # busy and lowered irq). So a write is taken at most every four cycles, and a
-        # program register's write at least three cycles before the start after it.
+        # program register's write (in effect two cycles after it is taken: below) still
+        # three cycles before the start after it.
         write_taken = Signal()
         write_held = Signal()
         write_ack = Signal()
@@ -86,16 +87,23 @@ class HostInterface(wiring.Component):
                             start.eq((bus.wdata & Control.START).any()),
                             soft_reset.eq((bus.wdata & Control.SOFT_RESET).any()),
                         ]
-                with m.Case(Reg.PROG_ADDR >> 2):
-                    for lane in range(4):
-                        with m.If(bus.wstrb[lane]):
-                            m.d.sync += ctrl.prog_addr[8 * lane:8 * lane + 8].eq(
-                                bus.wdata[8 * lane:8 * lane + 8])
-                with m.Case(Reg.PROG_LEN >> 2):
-                    for lane in range(4):
-                        with m.If(bus.wstrb[lane]):
-                            m.d.sync += ctrl.prog_len[8 * lane:8 * lane + 8].eq(
-                                bus.wdata[8 * lane:8 * lane + 8])
+
+        # The program registers take a write in the cycle after it is taken, from the
+        # write's address, data and strobes registered in every cycle (no enable, so no
+        # logic before them): their 64 flip-flops sit by the fetcher, which latches them at
+        # start, and the decode and strobes into their enables from the bus's registers, by
+        # routes across the die, were the 8x8's worst path on one placement. The response
+        # still comes after they have changed.
+        taken_addr = Signal.like(bus.awaddr[2:8], reset_less=True)
+        taken_data = Signal.like(bus.wdata, reset_less=True)
+        taken_strb = Signal.like(bus.wstrb, reset_less=True)
+        m.d.sync += [taken_addr.eq(bus.awaddr[2:8]), taken_data.eq(bus.wdata),
+                     taken_strb.eq(bus.wstrb)]
+        for reg, value in ((Reg.PROG_ADDR, ctrl.prog_addr), (Reg.PROG_LEN, ctrl.prog_len)):
+            for lane in range(4):
+                with m.If(write_taken & (taken_addr == reg >> 2) & taken_strb[lane]):
+                    m.d.sync += value[8 * lane:8 * lane + 8].eq(
+                        taken_data[8 * lane:8 * lane + 8])
 
         # Reads: one at a time, data registered.
         read_valid = Signal()
