@@ -95,7 +95,10 @@ class AccumulatorMemory(wiring.Component):
         # The rows in flight have no reset: their stages' valid flags say which are real.
         d1, d2, dS, dH1, dH2 = (Signal(row, name=f"{n}_data", reset_less=True)
                                 for n in ("s1", "s2", "S", "H1", "H2"))
-        m.d.comb += [memory.old.addr.eq(self.write.addr), memory.old.en.eq(self.write.en)]
+        # The old row is read in every cycle, whether a write is taken or not (s2 reads it
+        # only for a write): the write's valid flag, from across the die (the array's
+        # result), reaches no block RAM pin.
+        m.d.comb += [memory.old.addr.eq(self.write.addr), memory.old.en.eq(1)]
         m.d.sync += [
             s1.valid.eq(self.write.en), s1.addr.eq(self.write.addr),
             s1.accumulate.eq(self.write.accumulate), d1.eq(self.write.data),

@@ -74,7 +74,8 @@ def test_stream_rows(pending):
 
 
 def test_load_acc_meets_result_assert_fires():
-    """Mutant environment: a LOAD_ACC write in the cycle of a result."""
+    """Mutant environment: a LOAD_ACC write in the cycle of a result. (A MATMUL is queued,
+    so the write port's choice finds the LOAD_ACC row out of place too, in the same cycle.)"""
     async def body(ctx, dut, spad, rng):
         offer(ctx, dut.issue.cmd, matmul(0, 0, 1, 0))
         await ctx.tick()
@@ -83,14 +84,36 @@ def test_load_acc_meets_result_assert_fires():
         ctx.set(dut.load_acc.en, 1)
         await ctx.tick()
         await ctx.tick()
-    with pytest.raises(AssertionError, match="LOAD_ACC met a result"):
+    with pytest.raises(AssertionError,
+                       match="LOAD_ACC met a result|a LOAD_ACC row with a MATMUL queued"):
         simulate(body)
+
+
+def test_write_port_choice_asserts_fire():
+    """Mutant environments: a result of the array with no MATMUL queued, and a LOAD_ACC row
+    while one is; the write port would take the other side's row."""
+    async def result_alone(ctx, dut, spad, rng):
+        ctx.set(dut.result.valid, 1)
+        await ctx.tick()
+        await ctx.tick()
+    with pytest.raises(AssertionError, match="a result of the array with no MATMUL queued"):
+        simulate(result_alone)
+
+    async def load_behind_matmul(ctx, dut, spad, rng):
+        offer(ctx, dut.issue.cmd, matmul(0, 0, 1, 0))
+        await ctx.tick()
+        ctx.set(dut.issue.cmd.valid, 0)
+        ctx.set(dut.load_acc.en, 1)
+        await ctx.tick()
+        await ctx.tick()
+    with pytest.raises(AssertionError, match="a LOAD_ACC row with a MATMUL queued"):
+        simulate(load_behind_matmul)
 
 
 @pytest.mark.parametrize("seed", [0x57E0, 0x57E1, 0x57E2])
 def test_random_against_model(seed):
     """MATMULs issued whenever the issue stage could (``free`` and not ``full``), results
-    and LOAD_ACC writes at random: every cycle's scratchpad read, activation row, status,
+    and LOAD_ACC writes (while no MATMUL is queued) at random: every cycle's scratchpad read, activation row, status,
     writeback slots and accumulator write match a model of two slots."""
     async def body(ctx, dut, spad, rng):
         reads = deque()           # (spad row, commit) still to read, the current one first
@@ -99,7 +122,7 @@ def test_random_against_model(seed):
         slots = deque()           # [acc_addr, rows, accumulate, results written]
         macs = 0
         row_macs = 0
-        issued = 0
+        issued = loads = 0
         # The accumulator's pipeline as the streamer sees it (its write port is the only
         # one): the writes taken one and two cycles ago (``unseen``, s1 and s2) and three
         # ago (being written, S); busy while any is there.
@@ -122,7 +145,9 @@ def test_random_against_model(seed):
             data = [int(v) for v in rng.integers(-2**31, 2**31, size=C)]
             ctx.set(dut.result.valid, result)
             ctx.set(dut.result.payload, data)
-            load = not result and rng.random() < 0.3
+            # LOAD_ACC rows only while no MATMUL is queued, as the issue stage orders them.
+            load = not result and not slots and rng.random() < 0.3
+            loads += load
             load_write = (int(rng.integers(0, CONFIG.acc_depth)), int(rng.integers(0, 2)),
                           [int(v) for v in rng.integers(-2**31, 2**31, size=C)])
             ctx.set(dut.load_acc.en, load)
@@ -187,4 +212,5 @@ def test_random_against_model(seed):
                 slots.append([f["acc_addr"], f["rows"], f["accumulate"], 0])
                 macs = (f["k_width"] or R) * (f["n_width"] or C)
         assert issued >= 30, f"seed {seed}: only {issued} MATMULs issued"
+        assert loads >= 10, f"seed {seed}: only {loads} LOAD_ACC rows"
     simulate(body, seed)

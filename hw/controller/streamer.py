@@ -257,23 +257,33 @@ class Streamer(wiring.Component):
         m.d.sync += Assert(~self.result.valid | (out_last == (out_count == oldest.rows - 1)),
                            "streamer: out_last out of step")
         with m.If(self.result.valid):
-            m.d.comb += [
-                self.acc.addr.eq(write_addr),
-                self.acc.data.eq(self.result.payload),
-                self.acc.accumulate.eq(oldest.accumulate),
-                self.acc.en.eq(1),
-            ]
             m.d.sync += out_count.eq(out_count + 1)
             with m.If(out_last):
                 m.d.comb += pop.eq(1)
                 m.d.sync += [out_count.eq(0), head.eq(~head)]
-        with m.Else():
-            m.d.comb += [
-                self.acc.addr.eq(self.load_acc.addr),
-                self.acc.data.eq(self.load_acc.data),
-                self.acc.accumulate.eq(self.load_acc.accumulate),
-                self.acc.en.eq(self.load_acc.en),
-            ]
+        # The write port's row, address and mode are the array's while a MATMUL has results
+        # to come, else the load unit's: a choice from flip-flops of the streamer's own
+        # (``due_lane_<lane>``, one per lane's 32 bits and one for the address, kept apart
+        # on the FPGA), made from the MATMULs queued in the next cycle, not from the
+        # array's result flag, which comes from across the die (its route into the picks of
+        # the accumulator's block RAM addresses and rows was a group of the 8x8's failing
+        # paths). A result comes only with a MATMUL queued, a LOAD_ACC row only with none
+        # (it issues on a drained array, and no MATMUL issues while it runs): asserted.
+        dues = [Signal(name=f"due_lane_{lane}") for lane in range(cols + 1)]
+        m.d.sync += [due.eq(queued_next != 0) for due in dues]
+        m.d.sync += Assert(~self.result.valid | dues[cols],
+                           "streamer: a result of the array with no MATMUL queued")
+        m.d.sync += Assert(~self.load_acc.en | ~dues[cols],
+                           "streamer: a LOAD_ACC row with a MATMUL queued")
+        m.d.comb += [
+            self.acc.addr.eq(Mux(dues[cols], write_addr, self.load_acc.addr)),
+            self.acc.accumulate.eq(Mux(dues[cols], oldest.accumulate,
+                                       self.load_acc.accumulate)),
+            self.acc.en.eq(self.result.valid | self.load_acc.en),
+        ]
+        for lane in range(cols):
+            m.d.comb += self.acc.data[lane].eq(Mux(dues[lane], self.result.payload[lane],
+                                                   self.load_acc.data[lane]))
         m.d.comb += [self.load_acc.busy.eq(self.acc.busy),
                      self.load_acc.unseen.eq(self.acc.unseen)]
         # The issue stage starts a LOAD_ACC only on a drained array: no write is ever dropped.
