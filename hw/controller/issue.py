@@ -93,9 +93,7 @@ class IssueStage(wiring.Component):
         # after the host's pulse, from local registers, and the program's check is made from
         # the copies a cycle after them. The program registers do not change in the cycle of a
         # start (HostLinkSignature), so both are current then (asserted).
-        start_seen = Signal()
-        prog_addr_seen = Signal(32)
-        prog_len_seen = Signal(32)
+        start_seen, prog_addr_seen, prog_len_seen = Signal(), Signal(32), Signal(32)
         m.d.sync += [start_seen.eq(host.start), prog_addr_seen.eq(host.prog_addr),
                      prog_len_seen.eq(host.prog_len)]
 
@@ -108,7 +106,7 @@ class IssueStage(wiring.Component):
                            & (program_bad == bad_program(prog_addr_seen, prog_len_seen))),
             "issue stage: a program register changed in the cycle of a start")
         start = Signal()
-        begin = Signal()             # ~running & start, from a flip-flop (see below)
+        begin, begin_next = Signal(), Signal()   # ~running & start, from a flip-flop (below)
         m.d.comb += [
             start.eq(start_seen & ~halting),
             self.soft_reset_pending.eq(halting),
@@ -305,7 +303,7 @@ class IssueStage(wiring.Component):
         m.d.sync += perf.useful_macs.eq(perf.useful_macs + stream_.macs)
 
         m.d.comb += [
-            self.fetch.begin.eq(begin),
+            self.fetch.begin.eq(status_copy(m, "fetch_begin", begin, begin_next)),
             # Not once END is at the head (the last word needed; the reader's command must
             # not start in the cycle END issues), from the head, not the issue; running and
             # not stopping from a copy by the fetcher (stopping's route led a group).
@@ -378,13 +376,15 @@ class IssueStage(wiring.Component):
                          host.error_pc.eq(stop_pc)]
 
         # ------------------------------------------------------------ start
-        # ``begin`` (not running, a start) from a flip-flop: it restarts the fetcher and the
-        # decoder's queue (some 200 flip-flops), and ``running``'s routes to them were the
-        # 8x8's longest paths. Loaded with its next value: a start seen in the next cycle,
-        # no soft reset pending then, and not running then (not now, or this cycle's END or
-        # stop ends the run: no start follows a start within four cycles, HostLinkSignature).
+        # ``begin`` (not running, a start) from a flip-flop, the fetcher's from a copy by it:
+        # it restarts the fetcher and the decoder's queue (some 200 flip-flops; running's
+        # routes, then one flip-flop's, were long paths). Loaded with its next value: a start
+        # seen in the next cycle, no soft reset pending then, and not running then (not now,
+        # or this cycle's END or stop ends the run: no start follows a start within four
+        # cycles, HostLinkSignature).
         running_after = running & ~(issue & kind.end) & ~(stopping & all_idle)
-        m.d.sync += begin.eq(host.start & ~halting & ~host.soft_reset & ~running_after)
+        m.d.comb += begin_next.eq(host.start & ~halting & ~host.soft_reset & ~running_after)
+        m.d.sync += begin.eq(begin_next)
         m.d.sync += Assert(begin == (~running & start), "issue stage: begin out of step")
         with m.If(begin):
             m.d.sync += [
