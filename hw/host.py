@@ -105,11 +105,16 @@ class HostInterface(wiring.Component):
                     m.d.sync += value[8 * lane:8 * lane + 8].eq(
                         taken_data[8 * lane:8 * lane + 8])
 
-        # Reads: one at a time, data registered.
+        # Reads: one at a time, the address registered, then the data: the register map's
+        # multiplexer starts from the host's own flip-flops, not from the bus's (a route into
+        # its decode was a group of an 8x8's failing paths). Two cycles from the address to
+        # the data.
+        read_pending = Signal()
+        read_addr = Signal.like(bus.araddr[2:8], reset_less=True)
         read_valid = Signal()
         read_data = Signal(32)
         m.d.comb += [
-            bus.arready.eq(~read_valid),
+            bus.arready.eq(~read_pending & ~read_valid),
             bus.rvalid.eq(read_valid),
             bus.rdata.eq(read_data),
             bus.rresp.eq(Resp.OKAY),
@@ -117,7 +122,9 @@ class HostInterface(wiring.Component):
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += read_valid.eq(0)
         with m.If(bus.arvalid & bus.arready):
-            m.d.sync += [read_valid.eq(1), read_data.eq(0)]
+            m.d.sync += [read_pending.eq(1), read_addr.eq(bus.araddr[2:8])]
+        with m.If(read_pending):
+            m.d.sync += [read_pending.eq(0), read_valid.eq(1), read_data.eq(0)]
             registers = {
                 Reg.MAGIC:      MAGIC,
                 Reg.VERSION:    VERSION,
@@ -144,7 +151,7 @@ class HostInterface(wiring.Component):
                 Reg.PERF_READ_BYTES:   self.read_bytes,
                 Reg.PERF_WRITE_BYTES:  self.write_bytes,
             }
-            with m.Switch(bus.araddr[2:8]):
+            with m.Switch(read_addr):
                 for offset, value in registers.items():
                     with m.Case(offset >> 2):
                         m.d.sync += read_data.eq(value)
