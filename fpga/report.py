@@ -483,11 +483,14 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   beat enable per word;
   the requantizer's lanes copy their parameters (the right shift once per quarter of its
   shifter, the masks made from it over two more cycles; the float window's mask from the
-  integer point beside stages 6 and 7), the store unit its row selects, the load unit its
-  staging enable, and the decoder's head and front registers load in nine slices under
-  copies of their valid flags. What is left is mostly wire: 1,060 to 1,300 (4x4) and
-  1,400 to 2,120 (8x8) endpoints miss 8 ns on the runs above (`python -m fpga.sta` lists
-  them), the worst by 3.0 to 3.4 (4x4) and 3.4 to 4.7 ns (8x8), most groups by 2 to 4 ns:
+  integer point beside stages 6 and 7) and compare with the clamp's bounds beside their
+  last adder, the store unit copies its row selects, the load unit its staging enable, the
+  streamer picks the accumulator port's rows by flip-flops of its own, the host takes
+  writes and read addresses into registers before decoding them, and the decoder's head
+  and front registers load in nine slices under copies of their valid flags. What is left
+  is mostly wire: 857 to 1,648 (4x4) and 1,160 to 1,385 (8x8) endpoints miss 8 ns on the
+  runs above (`python -m fpga.sta` lists them), the worst by 3.1 to 3.6 (4x4) and 3.2 to
+  4.3 ns (8x8), most groups by 1 to 3 ns:
   paths of four to eight
   routes of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
   columns spread the design over the die), with a few LUTs or a carry chain between them,
@@ -496,15 +499,15 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   on the 8x8, whose router sometimes clears its last overused wires only by detours and
   sometimes not at all). The
   largest groups (docs/fpga-timing.md has the latest list): the issue decision (four LUT
-  levels from its flags) into the decoder's head and front registers, the weight loader and
-  the units; the DMA reader's address registers from the load unit's command through the
-  fetcher's grant; the DMA writer's state into its per-word copies; the harness's inputs
-  into the host; the requantizer's stages; the array's results into the issue stage's
-  hazard flags. A plain register on the decision or on the reader's command costs more
-  than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points on
-  16 x 64 x 64), so the decision would have to be made a cycle ahead for both candidate
-  heads and the command's first-row geometry by its requester; or the blocks kept
-  together on the die.
+  levels from its flags) into the decoder's head and front registers, the weight loader,
+  the units and the stall counters; the requantizer's stages (stage 2's shifter); the
+  decoder's stage 1; the DMA reader's address registers from the load unit's command
+  through the fetcher's grant, and its row from the byte offset's copies; the host's
+  register map into its read data; the DMA writer's state into its per-word copies. A
+  plain register on the decision or on the reader's command costs more than half a point
+  of the bench's utilization (the cycle model: 1.3 and 3.6 points on 16 x 64 x 64), so the
+  decision would have to be made a cycle ahead for both candidate heads and the command's
+  first-row geometry by its requester; or the blocks kept together on the die.
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
@@ -532,9 +535,13 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
 
 * **I/O: an on-chip scan harness** (`fpga/harness.py`), not hundreds of pins and not an
   out-of-context netlist. Every NPU input bit comes from a flip-flop of a shift register fed
-  by the pin `scan_in`; every output bit ends in a flip-flop of a shift register that
-  captures (`scan_capture`) or shifts out to `scan_out`. With `clk` and `rst` that is five
-  pins. Nothing is constant and everything is observable, so Yosys can remove nothing, and
+  by the pin `scan_in`, through an update register of its own; every output bit ends in a
+  hold register, which a shift register captures (`scan_capture`) or shifts out to
+  `scan_out` (the update and hold registers sit by the logic, the chains in rows; with the
+  chain driving the NPU itself, the chain's routes were on the arrays' critical paths: the
+  arrays alone, one seed each, rose from 160.5 / 151.3 / 99.9 MHz to the figures above
+  with the update register alone, their hardware unchanged). With `clk` and `rst` that is
+  five pins. Nothing is constant and everything is observable, so Yosys can remove nothing, and
   every timing path of the NPU starts and ends at a flip-flop of the one clock: the AXI
   ports are timed as if a registered interconnect sat on them.
 * **Reset**: `rst` is registered once and drives the `sync` domain's reset (asynchronous
