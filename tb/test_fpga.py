@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from amaranth.back import verilog
 from amaranth.hdl import Elaboratable, Module, Signal, signed
-from amaranth.lib import data
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.lib.memory import Memory
 
 import fpga.flow
@@ -27,12 +28,14 @@ from fpga.__main__ import main as fpga_main
 from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll, board_plan
 from fpga.flow import (PLACER_TIMING_WEIGHT, ECP5Target, FlowError, FlowOptions, _run_tool,
                        build_dir, place_and_route, run)
+from fpga.harness import ScanHarness
 from fpga.pll import PLLSetting, ecp5_pll
 from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, summarize,
                          write_report)
 from hw.config import NPUConfig
 from hw.requant import Requantizer
 from hw.systolic import SystolicArray
+from sim.amaranth_sim import run_simulation
 
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -65,7 +68,55 @@ def test_harness_keeps_every_port(report_2x2):
     verilog = (workdir / "npu.v").read_text()
     assert "module top(" in verilog
     assert "scan_input_chain" in verilog and "scan_output_chain" in verilog
+    # The chains reach the NPU through registers of their own (update, hold).
+    assert "scan_input_update" in verilog and "scan_output_hold" in verilog
     assert "MULT18X18D" in verilog
+
+
+class _Echo(wiring.Component):
+    """``b`` is ``a`` a cycle later."""
+    a: In(6)
+    b: Out(6)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += self.b.eq(self.a)
+        return m
+
+
+def test_harness_scans_in_and_out_through_its_registers():
+    """A value shifted in reaches the design's input one cycle after its last bit (the
+    update register); the design's output, held a cycle, is captured and shifted out, least
+    significant bit first; the input does not follow the chain while it shifts on."""
+    echo = _Echo()
+    harness = ScanHarness(echo, own_clock=False)
+    value, other = 0b100110, 0b010011           # not palindromes
+
+    async def testbench(ctx):
+        for bit in reversed(range(6)):                  # most significant bit first
+            ctx.set(harness.scan_in, (value >> bit) & 1)
+            await ctx.tick()
+        assert ctx.get(echo.a) != value                 # the update register: a cycle later
+        ctx.set(harness.scan_in, (other >> 5) & 1)      # the next value starts shifting
+        await ctx.tick()
+        assert ctx.get(echo.a) == value
+        await ctx.tick()
+        assert ctx.get(echo.a) != value                 # it follows the chain as it shifts
+        await ctx.tick().repeat(6)                      # b, then the hold register, settle
+        for bit in reversed(range(6)):
+            ctx.set(harness.scan_in, (value >> bit) & 1)
+            await ctx.tick()
+        await ctx.tick().repeat(3)                      # update, b, hold
+        ctx.set(harness.scan_capture, 1)
+        await ctx.tick()
+        ctx.set(harness.scan_capture, 0)
+        out = 0
+        for bit in range(6):
+            out |= ctx.get(harness.scan_out) << bit
+            await ctx.tick()
+        assert out == value, f"{out:#08b} scanned out, {value:#08b} in"
+
+    run_simulation(harness, testbench)
 
 
 def _play(m, layout, words, done):
