@@ -147,3 +147,29 @@ def test_status_registers_follow_inputs():
         assert await axil_read(ctx, dut.bus, Reg.PC) == 0x0BAD_CAFE
 
     run_simulation(dut, testbench)
+
+
+def test_read_data_two_cycles_after_the_address():
+    """The address is taken at its handshake (a master that changes ``araddr`` after it
+    reads the register it asked for), the data comes two cycles later, and no next address
+    is taken before the data has been."""
+    dut = HostInterface(CONFIG)
+
+    async def testbench(ctx):
+        ctx.set(dut.bus.rready, 1)
+        ctx.set(dut.bus.araddr, Reg.MAGIC)
+        ctx.set(dut.bus.arvalid, 1)
+        _, _, arready = await ctx.tick().sample(dut.bus.arready)
+        assert arready                                    # taken at this edge
+        ctx.set(dut.bus.araddr, Reg.SHAPE)                # the next address, offered at once
+        waited = 0
+        while True:
+            _, _, arready, rvalid, rdata = await ctx.tick().sample(
+                dut.bus.arready, dut.bus.rvalid, dut.bus.rdata)
+            waited += 1
+            assert not arready, f"a second address taken {waited} cycles after the first"
+            if rvalid:
+                break
+        assert (waited, rdata) == (2, MAGIC), (waited, hex(rdata))
+
+    run_simulation(dut, testbench)
