@@ -5,7 +5,7 @@ from amaranth.hdl import (Assert, Assume, Cover, Elaboratable, Module, ResetSign
                           Value)
 
 from hw.axi import Burst
-from hw.dma import DMA
+from hw.dma import DMA, row_beats
 
 
 __all__ = ["DMAProperties", "BurstSplitProperties"]
@@ -91,6 +91,9 @@ class DMAProperties(Elaboratable):
             m.d.comb += port.eq(AnySeq(len(Value.cast(port))))
         self._assume_legal(m, dma.read_cmd, self.read_row_bytes)
         self._assume_legal(m, dma.write_cmd, self.write_row_bytes)
+        read = dma.read_cmd.payload        # a read's beats are its first row's (ReadCommand)
+        m.d.comb += Assume(~dma.read_cmd.valid |
+                           (read.beats == row_beats(self.bus_bytes, read.addr, read.row_bytes)))
         # Rows come to the writer as the store unit sends them: only once their command is
         # taken, and no more than it has. (The writer takes a row whenever its buffer is
         # empty, whatever its state, and asserts this.)

@@ -40,7 +40,7 @@ class FetcherProperties(Elaboratable):
         :class:`Fetcher` or a subclass of it (the mutation tests pass broken ones).
     """
     def __init__(self, fetcher_class=Fetcher):
-        self.fetcher = fetcher_class(read_row_bytes=16)
+        self.fetcher = fetcher_class(read_row_bytes=16, bus_bytes=8)
 
     def elaborate(self, platform):
         m = Module()

@@ -161,8 +161,12 @@ def _tool_environment():
 def board_plan(platform, config, pll, name="npu"):
     """Amaranth's build plan (files and script, nothing run) of the board build: Yosys reads
     ``<name>.v``, the design's Verilog with its assertions left out of synthesis."""
+    # nextpnr's router1, not the flow's router2: on the 8x8's board placement router2's
+    # overused wires fell to a few hundred or thousand and then rose again, on every try
+    # since the eighth session; router1 routed the same netlist in 13 minutes
+    # (docs/fpga-timing.md, seventeenth session).
     plan = platform.prepare(BoardTop(config, pll), name=name,
-                            nextpnr_opts="--router router2 --timing-allow-fail "
+                            nextpnr_opts="--router router1 --timing-allow-fail "
                                          f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}",
                             synth_opts="-abc9",
                             # proc first, so that the flip-flops KEEP_APART names exist.

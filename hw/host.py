@@ -105,55 +105,72 @@ class HostInterface(wiring.Component):
                     m.d.sync += value[8 * lane:8 * lane + 8].eq(
                         taken_data[8 * lane:8 * lane + 8])
 
-        # Reads: one at a time, the address registered, then the data: the register map's
+        # Reads: one at a time, the address registered, then the data in two steps: each
+        # group of eight registers (by the address's upper bits) picks its word by the
+        # lower bits into a register, and the group's word is picked from those. The
         # multiplexer starts from the host's own flip-flops, not from the bus's (a route into
-        # its decode was a group of an 8x8's failing paths). Two cycles from the address to
-        # the data.
+        # its decode was a group of an 8x8's failing paths), and its 23 sources, most from
+        # the issue stage's counters across the die, reach flip-flops of their group's
+        # after two LUT levels (the whole map into ``read_data`` in one cycle was the 4x4's
+        # worst path on one placement). Three cycles from the address to the data.
         read_pending = Signal()
+        read_grouped = Signal()
         read_addr = Signal.like(bus.araddr[2:8], reset_less=True)
         read_valid = Signal()
         read_data = Signal(32)
         m.d.comb += [
-            bus.arready.eq(~read_pending & ~read_valid),
+            bus.arready.eq(~read_pending & ~read_grouped & ~read_valid),
             bus.rvalid.eq(read_valid),
             bus.rdata.eq(read_data),
             bus.rresp.eq(Resp.OKAY),
         ]
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += read_valid.eq(0)
+        m.d.sync += [read_pending.eq(0), read_grouped.eq(read_pending)]
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [read_pending.eq(1), read_addr.eq(bus.araddr[2:8])]
+        registers = {
+            Reg.MAGIC:      MAGIC,
+            Reg.VERSION:    VERSION,
+            Reg.SHAPE:      config.rows | (config.cols << 16),
+            Reg.SPAD_DEPTH: config.spad_depth,
+            Reg.ACC_DEPTH:  config.acc_depth,
+            Reg.BUS_WIDTH:  config.bus_width,
+            Reg.STATUS:     (Mux(ctrl.busy, Status.BUSY, 0) | Mux(ctrl.done, Status.DONE, 0) |
+                             Mux(ctrl.error, Status.ERROR, 0) |
+                             (ctrl.error_code << Status.CODE_SHIFT)),
+            Reg.ERROR_PC:   ctrl.error_pc,
+            Reg.PC:         ctrl.pc,
+            Reg.PROG_ADDR:  ctrl.prog_addr,
+            Reg.PROG_LEN:   ctrl.prog_len,
+            Reg.CYCLES_LO:  ctrl.cycles[:32],
+            Reg.CYCLES_HI:  ctrl.cycles[32:],
+            Reg.PERF_ARRAY_ROWS:   ctrl.perf.array_rows,
+            Reg.PERF_USEFUL_MACS:  ctrl.perf.useful_macs,
+            Reg.PERF_STALL_FETCH:  ctrl.perf.stall_fetch,
+            Reg.PERF_STALL_LOAD:   ctrl.perf.stall_load,
+            Reg.PERF_STALL_STORE:  ctrl.perf.stall_store,
+            Reg.PERF_STALL_ARRAY:  ctrl.perf.stall_array,
+            Reg.PERF_INSTRUCTIONS: ctrl.perf.instructions,
+            Reg.PERF_READ_BYTES:   self.read_bytes,
+            Reg.PERF_WRITE_BYTES:  self.write_bytes,
+        }
+        groups = {}
+        for offset, value in registers.items():
+            groups.setdefault(offset >> 5, {})[(offset >> 2) & 7] = value
+        group_words = {group: Signal(32, name=f"read_group_{group}") for group in groups}
         with m.If(read_pending):
-            m.d.sync += [read_pending.eq(0), read_valid.eq(1), read_data.eq(0)]
-            registers = {
-                Reg.MAGIC:      MAGIC,
-                Reg.VERSION:    VERSION,
-                Reg.SHAPE:      config.rows | (config.cols << 16),
-                Reg.SPAD_DEPTH: config.spad_depth,
-                Reg.ACC_DEPTH:  config.acc_depth,
-                Reg.BUS_WIDTH:  config.bus_width,
-                Reg.STATUS:     (Mux(ctrl.busy, Status.BUSY, 0) | Mux(ctrl.done, Status.DONE, 0) |
-                                 Mux(ctrl.error, Status.ERROR, 0) |
-                                 (ctrl.error_code << Status.CODE_SHIFT)),
-                Reg.ERROR_PC:   ctrl.error_pc,
-                Reg.PC:         ctrl.pc,
-                Reg.PROG_ADDR:  ctrl.prog_addr,
-                Reg.PROG_LEN:   ctrl.prog_len,
-                Reg.CYCLES_LO:  ctrl.cycles[:32],
-                Reg.CYCLES_HI:  ctrl.cycles[32:],
-                Reg.PERF_ARRAY_ROWS:   ctrl.perf.array_rows,
-                Reg.PERF_USEFUL_MACS:  ctrl.perf.useful_macs,
-                Reg.PERF_STALL_FETCH:  ctrl.perf.stall_fetch,
-                Reg.PERF_STALL_LOAD:   ctrl.perf.stall_load,
-                Reg.PERF_STALL_STORE:  ctrl.perf.stall_store,
-                Reg.PERF_STALL_ARRAY:  ctrl.perf.stall_array,
-                Reg.PERF_INSTRUCTIONS: ctrl.perf.instructions,
-                Reg.PERF_READ_BYTES:   self.read_bytes,
-                Reg.PERF_WRITE_BYTES:  self.write_bytes,
-            }
-            with m.Switch(read_addr):
-                for offset, value in registers.items():
-                    with m.Case(offset >> 2):
-                        m.d.sync += read_data.eq(value)
+            for group, members in groups.items():
+                m.d.sync += group_words[group].eq(0)
+                with m.Switch(read_addr[:3]):
+                    for index, value in members.items():
+                        with m.Case(index):
+                            m.d.sync += group_words[group].eq(value)
+        with m.If(read_grouped):
+            m.d.sync += [read_valid.eq(1), read_data.eq(0)]
+            with m.Switch(read_addr[3:]):
+                for group, word in group_words.items():
+                    with m.Case(group):
+                        m.d.sync += read_data.eq(word)
 
         return m

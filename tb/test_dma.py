@@ -12,7 +12,7 @@ from amaranth.sim import Simulator
 
 from hw.axi import Resp
 from hw.config import BUS_WIDTHS
-from hw.dma import DMA, MAX_READS_OUTSTANDING
+from hw.dma import DMA, MAX_READS_OUTSTANDING, row_beats
 from sim.amaranth_sim import AXI4MemoryModel, run_simulation
 
 
@@ -42,16 +42,19 @@ async def _handshake(ctx, stream, timeout=TIMEOUT):
     raise AssertionError(f"stream not accepted in {timeout} cycles")
 
 
-def _set_command(ctx, command, addr, rows, row_bytes, stride):
+def _set_command(ctx, command, addr, rows, row_bytes, stride, bus_bytes=None):
+    """A block command; with ``bus_bytes``, a read's, with its first row's beats."""
     ctx.set(command.payload.addr, addr)
     ctx.set(command.payload.rows, rows)
     ctx.set(command.payload.row_bytes, row_bytes)
     ctx.set(command.payload.stride, stride)
+    if bus_bytes is not None:
+        ctx.set(command.payload.beats, row_beats(bus_bytes, addr, row_bytes))
 
 
 async def read_block(ctx, dut, addr, rows, row_bytes, stride):
     """Run one read command; returns ``(rows delivered, read_error at read_done)``."""
-    _set_command(ctx, dut.read_cmd, addr, rows, row_bytes, stride)
+    _set_command(ctx, dut.read_cmd, addr, rows, row_bytes, stride, dut.bus_bytes)
     await _handshake(ctx, dut.read_cmd)
     delivered = []
     for _ in range(TIMEOUT):

@@ -7,15 +7,17 @@ from collections import deque
 
 import pytest
 
-from controller_blocks import READ_ROW_BYTES, command_of
+from controller_blocks import CONFIG, READ_ROW_BYTES, command_of
 from hw.config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from hw.controller.fetcher import Fetcher
+from hw.dma import row_beats
 from hw.isa import INSTR_BYTES
 from sim.amaranth_sim import run_simulation
 
 
 PROG_ADDR = 0x1000
 LOAD_CMD = (0x4000, 3, 5, 7)
+LOAD_BEATS = row_beats(CONFIG.bus_bytes, LOAD_CMD[0], LOAD_CMD[2])
 
 
 def word_at(addr):
@@ -81,6 +83,9 @@ class Bench:
         cmd_valid, flush = ctx.get(dut.reader.cmd.valid), ctx.get(dut.words.flush)
         is_load = ctx.get(dut.load.cmd.ready) == 1
         command = command_of(ctx, dut.reader.cmd)
+        if cmd_valid:        # a fetch's beats from the fetcher, a load's from the load unit
+            assert ctx.get(dut.reader.cmd.payload.beats) == row_beats(
+                CONFIG.bus_bytes, command[0], command[2]), f"cycle {self.cycle}"
         assert ctx.get(dut.load.row.valid) == (row and busy[5]), f"cycle {self.cycle}"
         assert ctx.get(dut.load.done) == (done and busy[5]), f"cycle {self.cycle}"
         assert ctx.get(dut.load.error) == error, f"cycle {self.cycle}"
@@ -147,7 +152,7 @@ def program(first, count):
 
 
 def simulate(body, *, prog_len, **kwargs):
-    dut = Fetcher(read_row_bytes=READ_ROW_BYTES)
+    dut = Fetcher(read_row_bytes=READ_ROW_BYTES, bus_bytes=CONFIG.bus_bytes)
 
     async def testbench(ctx):
         bench = Bench(ctx, dut, prog_len=prog_len, **kwargs)
@@ -204,6 +209,7 @@ def test_arbitration_with_load(level):
         ctx.set(dut.load.cmd.valid, 1)
         for name, value in zip(("addr", "rows", "row_bytes", "stride"), LOAD_CMD):
             ctx.set(getattr(dut.load.cmd.payload, name), value)
+        ctx.set(dut.load.cmd.payload.beats, LOAD_BEATS)
         bench.fail_after = None
         for _ in range(40):
             await bench.step()
@@ -227,8 +233,8 @@ def test_load_bus_error_stays_the_load_units():
         await fill_one_batch(ctx, dut, bench)
         bench.load_fail_after = 1
         ctx.set(dut.load.cmd.valid, 1)
-        ctx.set(dut.load.cmd.payload, dict(zip(("addr", "rows", "row_bytes", "stride"),
-                                               LOAD_CMD)))
+        ctx.set(dut.load.cmd.payload, dict(zip(("addr", "rows", "row_bytes", "stride",
+                                                "beats"), LOAD_CMD + (LOAD_BEATS,))))
         await bench.step()
         ctx.set(dut.load.cmd.valid, 0)
         await bench.run(10)

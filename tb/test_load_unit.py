@@ -1,6 +1,7 @@
 """Unit tests of :class:`hw.controller.load_unit.LoadUnit`: an issued load becomes one DMA
 read command; its rows go to the scratchpad or accumulator rows it names; ``LOAD_QUANT``
-stages two rows and checks them with its operands a cycle after the last one."""
+stages two rows and checks them with its operands: each lane a cycle after the last one, the
+verdict a cycle later."""
 
 import numpy as np
 import pytest
@@ -113,19 +114,19 @@ MULTIPLIERS = [0x7FFF_FFFF, -(1 << 31), 12345]
     (QUANT_OK, [0, 0, -(1 << 31)], False),
 ])
 def test_load_quant(operands, shifts, ok):
-    """Two rows from ``dram_addr`` and one stride on; the rows are checked in the cycle
-    after the last one, and the verdict, registered, ends the instruction in the next:
-    QUANT with the instruction's pc or, a cycle later, the new state on ``quant`` (for that
-    one cycle)."""
+    """Two rows from ``dram_addr`` and one stride on; the rows are checked lane by lane in
+    the cycle after the last one, the lanes' verdicts with the operands' in the next, and
+    that verdict, registered, ends the instruction in the cycle after: QUANT with the
+    instruction's pc or, a cycle later, the new state on ``quant`` (for that one cycle)."""
     word = load_quant(12, dram_addr=0x3000, dram_stride=0x40, **operands)
     payloads = [pack(MULTIPLIERS, 4), pack(shifts, 4)]
     trace = run_load(word, row_cycles=(6, 8), payloads=payloads)
     assert trace[1]["cmd"] == (0x3000, 2, 12, 0x40)
-    assert column(trace, "busy")[1:12] == [(1, 0, 0)] * 10 + [(0, 0, 0)]
+    assert column(trace, "busy")[1:13] == [(1, 0, 0)] * 11 + [(0, 0, 0)]
     state = (MULTIPLIERS, shifts, operands["zero_point"], operands["act_min"],
              operands["act_max"], QuantMode.FIXED)
-    assert column(trace, "quant") == [0] * 11 + [state if ok else 0] + [0] * 2
-    assert column(trace, "fault") == [0] * 10 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 3
+    assert column(trace, "quant") == [0] * 12 + [state if ok else 0] + [0] * 1
+    assert column(trace, "fault") == [0] * 11 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 2
     assert not any(column(trace, "spad")) and not any(column(trace, "acc"))
 
 
@@ -154,8 +155,8 @@ def test_load_quant_float(operands, scales, reserved, ok):
     trace = run_load(word, row_cycles=(6, 8), payloads=[pack(scales, 4), pack(reserved, 4)])
     state = (scales, [0, 0, 0], operands["zero_point"], operands["act_min"],
              operands["act_max"], QuantMode.FLOAT)
-    assert column(trace, "quant") == [0] * 11 + [state if ok else 0] + [0] * 2
-    assert column(trace, "fault") == [0] * 10 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 3
+    assert column(trace, "quant") == [0] * 12 + [state if ok else 0] + [0] * 1
+    assert column(trace, "fault") == [0] * 11 + [0 if ok else (ErrorCode.QUANT, PC)] + [0] * 2
 
 
 @pytest.mark.parametrize("word", [load_spad(0, 4, 3, 0x100, 3),

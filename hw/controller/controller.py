@@ -90,7 +90,8 @@ class Controller(wiring.Component):
             m.submodules[name] = ResetInserter(reset)(component)
             return component
 
-        fetcher = block("fetcher", Fetcher(read_row_bytes=self.read_row_bytes))
+        fetcher = block("fetcher", Fetcher(read_row_bytes=self.read_row_bytes,
+                                             bus_bytes=config.bus_bytes))
         decoder = block("decoder", Decoder(config))
         issue = block("issue_stage", IssueStage(config))
         load_unit = block("load_unit", LoadUnit(config, read_row_bytes=self.read_row_bytes))

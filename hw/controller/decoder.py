@@ -1,8 +1,8 @@
-"""The decoder: operand checks and DRAM bounds of each fetched instruction, in two pipeline
-stages before the instruction queue; the queue's head waits in a register for the issue
-stage."""
+"""The decoder: operand checks and DRAM bounds of each fetched instruction, in pipeline stages
+before the instruction queue; the queue's head waits in a register for the issue stage."""
 
-from amaranth.hdl import Assert, Cat, Const, Module, Mux, ResetInserter, Signal, signed
+from amaranth.hdl import (Assert, Cat, Const, Module, Mux, ResetInserter, Signal, Value,
+                          signed)
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -46,14 +46,14 @@ class Decoder(wiring.Component):
     instruction queue (:data:`~hw.config.FETCH_DEPTH` entries).
 
     Operand checks come in the order the ISA documents them: lengths, local range, DRAM
-    range. A fetched word is registered on its way in, then takes three cycles to the
-    queue: the first forms the block's ``rows x stride`` as two partial products
-    (multipliers with registered outputs) beside ``base = addr + row_bytes - stride`` and
-    the other checks (a flag per outcome); the second sums the DRAM end and checks its
-    range; the third makes the error code of the first check that fails and the opcode's
-    kinds, and writes the queue. The queue reads through a register (its
-    front entry, ``next``, from flip-flops), so an entry is at its front two cycles after
-    it is written. The queue's head then waits in a register (``decoded``, in slices, see
+    range. A fetched word is registered on its way in (with its bounds' operands), then takes
+    three cycles to the queue: the first forms the block's ``rows x stride`` as two partial
+    products (multipliers with registered outputs) beside ``base = addr + row_bytes -
+    stride`` and the other checks (a flag per outcome); the second sums the DRAM end and
+    checks its range; the third makes the error code of the first check that fails and the
+    opcode's kinds, and writes the queue. The queue reads through a register (its front
+    entry, ``next``, from flip-flops), so an entry is at its front two cycles after it is
+    written. The queue's head then waits in a register (``decoded``, in slices, see
     :data:`HEAD_SLICES`) until the issue stage takes it, so no path from the queue's memory
     reaches the issue stage's logic.
 
@@ -91,14 +91,23 @@ class Decoder(wiring.Component):
         word = Signal(words.word.payload.shape(), name="word_in")
         word_valid = Signal()
         m.d.sync += [word.eq(words.word.payload), word_valid.eq(words.word.valid & ~flush)]
-        # Beside it, the opcode's kinds that stage 1's bounds depend on (their decodes were
-        # the first LUTs of its longest paths).
-        incoming = words.word.payload.instr.opcode
-        quant_op = Signal()          # LOAD_QUANT
+        # Beside it, whether the opcode is a 2-D block's and stage 1's bounds operands (0 for
+        # other opcodes: base 0, limit 2**32), picked by the opcode here (its decodes, then
+        # the operands' multiplexers, were the first LUTs of stage 1's longest paths).
+        incoming = words.word.payload.instr
         block_op = Signal()          # a 2-D DRAM block: its rows x stride is multiplied
-        m.d.sync += [quant_op.eq(incoming == Opcode.LOAD_QUANT),
-                     block_op.eq(Cat(incoming == op for op in (
-                         Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.STORE, Opcode.STORE_Q)).any())]
+        in_quant = incoming.opcode == Opcode.LOAD_QUANT
+        in_block = Cat(incoming.opcode == op for op in (
+            Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.STORE, Opcode.STORE_Q)).any()
+        m.d.sync += block_op.eq(in_block)
+        operands = [Signal(signed(36), name=f"bounds_{name}") for name in ("a", "b", "c")]
+        in_ld, in_q = incoming.args.load, incoming.args.quant
+        m.d.sync += [
+            operands[0].eq(Mux(in_quant, in_q.dram_addr, Mux(in_block, in_ld.dram_addr, 0))),
+            operands[1].eq(Mux(in_quant, in_q.row_bytes, Mux(in_block, in_ld.row_bytes, 0))),
+            operands[2].eq(Mux(in_quant, in_q.dram_stride,
+                               Mux(in_block, ~Cat(in_ld.dram_stride, Const(0, 4)), 0))),
+        ]
         fetched = word.instr
         opcode = fetched.opcode
         load, store, quant = fetched.args.load, fetched.args.store, fetched.args.quant
@@ -113,9 +122,8 @@ class Decoder(wiring.Component):
         # 8x8's longest path): base = x + y with x the bitwise sum of addr, row_bytes and
         # +-stride and y their carries (and a block's +1 of -stride = ~stride + 1), limit =
         # ~x + ~y + 2 + 2**32, the same step again with the constant.
-        assert all(data.Layout.cast(LoadArgs)[name].offset ==
-                   data.Layout.cast(StoreArgs)[name].offset
-                   for name in ("dram_addr", "row_bytes", "dram_stride"))
+        assert all(data.Layout.cast(LoadArgs)[n].offset == data.Layout.cast(StoreArgs)[n].offset
+                   for n in ("dram_addr", "row_bytes", "dram_stride"))
 
         def carry_save(name, a, b, c, carry_in=0):
             """``(x, y)`` with ``x + y == a + b + c + carry_in`` (36-bit), one LUT a bit."""
@@ -123,15 +131,6 @@ class Decoder(wiring.Component):
             m.d.comb += [x.eq(a ^ b ^ c), y.eq(Cat(carry_in, (a & b) | (a & c) | (b & c)))]
             return x, y
 
-        # The operands are 0 for the other opcodes (base 0, limit 2**32), picked in the
-        # operands' LUT, not after the sums.
-        operands = [Signal(signed(36), name=f"bounds_{name}") for name in ("a", "b", "c")]
-        m.d.comb += [
-            operands[0].eq(Mux(quant_op, quant.dram_addr, Mux(block_op, load.dram_addr, 0))),
-            operands[1].eq(Mux(quant_op, quant.row_bytes, Mux(block_op, load.row_bytes, 0))),
-            operands[2].eq(Mux(quant_op, quant.dram_stride,
-                               Mux(block_op, ~Cat(load.dram_stride, Const(0, 4)), 0))),
-        ]
         base_x, base_y = carry_save("base", *operands, carry_in=block_op)
         limit_x, limit_y = carry_save("limit", ~base_x, ~base_y, Const(2 + (1 << 32), 36))
         base = Signal(signed(35))
@@ -175,6 +174,14 @@ class Decoder(wiring.Component):
             if dram_block:
                 m.d.comb += dram.eq(1)
 
+        def over(a, b, limit):   # a + b > limit in one chain (a sum, then a compare, were two)
+            a, b = Value.cast(a), Value.cast(b)
+            w = max(len(a), len(b)) + 1                    # bit w of a + b + 2**w - 1 - limit
+            if limit >= (1 << w) - 2:
+                return Const(0)
+            c = Const((1 << w) - 1 - limit, w)
+            return ((a ^ b ^ c) + Cat(Const(0, 1), (a & b) | (a & c) | (b & c)))[w]
+
         def bad_block(args, row_limit):
             return (args.rows == 0) | (args.row_bytes == 0) | (args.row_bytes > row_limit)
 
@@ -183,26 +190,27 @@ class Decoder(wiring.Component):
                 pass
             with m.Case(Opcode.LOAD_SPAD):
                 checks(bad_block(load, config.spad_row_bytes),
-                       load.local_addr + load.rows > config.spad_depth, flags.spad_range,
+                       over(load.local_addr, load.rows, config.spad_depth), flags.spad_range,
                        dram_block=True)
             with m.Case(Opcode.LOAD_ACC):
                 checks(bad_block(load, config.acc_row_bytes),
-                       load.local_addr + load.rows > config.acc_depth, flags.acc_range,
+                       over(load.local_addr, load.rows, config.acc_depth), flags.acc_range,
                        dram_block=True)
             with m.Case(Opcode.PRELOAD):
-                checks(0, preload.spad_addr + rows > config.spad_depth, flags.spad_range)
+                checks(0, over(preload.spad_addr, Const(rows), config.spad_depth),
+                       flags.spad_range)
             with m.Case(Opcode.MATMUL):
                 checks((matmul.rows == 0) | (matmul.k_width > rows) | (matmul.n_width > cols),
-                       matmul.spad_addr + matmul.rows > config.spad_depth, flags.spad_range)
-                m.d.comb += flags.acc_range.eq(matmul.acc_addr + matmul.rows >
-                                               config.acc_depth)
+                       over(matmul.spad_addr, matmul.rows, config.spad_depth), flags.spad_range)
+                m.d.comb += flags.acc_range.eq(
+                    over(matmul.acc_addr, matmul.rows, config.acc_depth))
             with m.Case(Opcode.STORE):
                 checks(bad_block(store, config.acc_row_bytes) | (store.row_bytes[:2] != 0),
-                       store.acc_addr + store.rows > config.acc_depth, flags.acc_range,
+                       over(store.acc_addr, store.rows, config.acc_depth), flags.acc_range,
                        dram_block=True)
             with m.Case(Opcode.STORE_Q):
                 checks(bad_block(store, cols),
-                       store.acc_addr + store.rows > config.acc_depth, flags.acc_range,
+                       over(store.acc_addr, store.rows, config.acc_depth), flags.acc_range,
                        dram_block=True)
             with m.Case(Opcode.LOAD_QUANT):
                 checks((quant.row_bytes == 0) | (quant.row_bytes[:2] != 0) |
@@ -354,8 +362,7 @@ class Decoder(wiring.Component):
             with m.If(flush):
                 m.d.sync += [copy.eq(0), front_copy.eq(0)]
         # END at the head, as the flags above: the issue stage stops fetching with it (the
-        # head's END flag through the issue stage and the fetcher's grant into the DMA
-        # reader's address registers was a long path).
+        # head's END through the issue stage and the fetcher's grant to the reader: long).
         end_at_head = Signal()
         with m.If(ready):
             m.d.sync += end_at_head.eq(0)
@@ -364,10 +371,9 @@ class Decoder(wiring.Component):
         with m.If(flush):
             m.d.sync += end_at_head.eq(0)
         m.d.comb += self.next.end_at_head.eq(end_at_head)
-        # The head's kind flags while it is valid and not faulty, for the issue decision,
-        # from flip-flops of their own (the head's kind flags also go to the units and the
-        # error logic, and were placed by them); loaded with their next value, from the
-        # slice that holds the kind.
+        # The head's kind flags while it is valid and not faulty, for the issue decision, from
+        # flip-flops of their own (the head's also go to the units and the error logic, which
+        # placed them), loaded with their next value from the slice that holds the kind.
         kind_copy, kind_front_copy = copies[-1], front_copies[-1]
         assert HEAD_SLICES[-1][1] == data.Layout.cast(Decoded).size
         kind_take = kind_front_copy & (~kind_copy | ready)

@@ -8,6 +8,7 @@ from amaranth.lib.wiring import In, Out
 from ..config import FETCH_BURST, FETCH_DEPTH, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from ..isa import INSTR_BYTES, Instruction
 from ..copies import flag_with_next
+from ..dma import row_beats
 from .signatures import ReaderSignature, status_copy
 
 
@@ -70,6 +71,14 @@ class Fetcher(wiring.Component):
     command goes first unless few words are held (below :data:`~hw.config.FETCH_LOW_WATER`),
     and the rows of the load unit's commands go to it (``load``).
 
+    Parameters
+    ----------
+    read_row_bytes : int
+        The DMA reader's row.
+    bus_bytes : int
+        The AXI4 data bus's width in bytes: a fetch command's first row's beats (every one
+        of its rows has as many: the instructions are aligned to their size).
+
     Attributes
     ----------
     control : In(FetchControlSignature())
@@ -84,8 +93,9 @@ class Fetcher(wiring.Component):
     #: ``formal/`` can break it in a mutant).
     high_water = FETCH_HIGH_WATER
 
-    def __init__(self, *, read_row_bytes):
+    def __init__(self, *, read_row_bytes, bus_bytes):
         self.read_row_bytes = read_row_bytes
+        self.bus_bytes = bus_bytes
         super().__init__({
             "control": In(FetchControlSignature()),
             "reader":  Out(ReaderSignature(8 * read_row_bytes)),
@@ -171,6 +181,8 @@ class Fetcher(wiring.Component):
                 reader.cmd.payload.rows.eq(fetch_rows),
                 reader.cmd.payload.row_bytes.eq(INSTR_BYTES),
                 reader.cmd.payload.stride.eq(INSTR_BYTES),
+                # An instruction's beats, at any address aligned to its size.
+                reader.cmd.payload.beats.eq(row_beats(self.bus_bytes, 0, INSTR_BYTES)),
             ]
         with m.Else():
             m.d.comb += reader.cmd.payload.eq(load.cmd.payload)

@@ -1,12 +1,13 @@
 """The load unit: ``LOAD_SPAD``, ``LOAD_ACC`` and ``LOAD_QUANT``, on the DMA reader."""
 
-from amaranth.hdl import Assert, Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Assert, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import WritePort
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..accumulator import AccumulatorWriteSignature
+from ..dma import row_beats
 from ..isa import ErrorCode, Opcode, QuantMode
 from .signatures import (QuantState, ReaderSignature, RowRange, UnitSignature,
                          status_copy)
@@ -29,10 +30,10 @@ class LoadUnit(wiring.Component):
     state into a staging register.
 
     A ``LOAD_QUANT`` reads two rows (multipliers, then shifts; in float mode scales, then a
-    reserved row); a cycle after its last row the unit checks them with the operands (zero
-    point, clamp; shift range, or finite scales and a zero reserved row) and either raises
-    ``QUANT``, leaving the old state, or hands the new state to the store unit (``quant``)
-    in the cycle after.
+    reserved row); a cycle after its last row the unit checks them, each lane into a flag,
+    and a cycle later those with the operands (zero point, clamp; shift range, or finite
+    scales and a zero reserved row), and either raises ``QUANT``, leaving the old state, or
+    hands the new state to the store unit (``quant``) in the cycle after.
 
     Attributes
     ----------
@@ -60,6 +61,7 @@ class LoadUnit(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cols = self.config.cols
+        bus_bytes = self.config.bus_bytes
         cmd, status, fault = self.issue.cmd, self.issue.status, self.issue.fault
         reader = self.reader
 
@@ -76,6 +78,9 @@ class LoadUnit(wiring.Component):
         row_bytes = Signal(16, reset_less=True)
         addr = Signal(32, reset_less=True)
         stride = Signal(32, reset_less=True)
+        # The first row's beats on the bus, for the reader's command (ReadCommand), summed
+        # as the registers follow the head.
+        beats = Signal(17, reset_less=True)
         pc = Signal(32, reset_less=True)
         count = Signal(17, reset_less=True)
         # ``local + count`` in a flip-flop of its own, the accumulator row written now: the
@@ -115,6 +120,7 @@ class LoadUnit(wiring.Component):
                 quant = issued.args.quant
                 m.d.sync += [
                     rows.eq(2), row_bytes.eq(quant.row_bytes), addr.eq(quant.dram_addr),
+                    beats.eq(row_beats(bus_bytes, quant.dram_addr, quant.row_bytes)),
                     stride.eq(quant.dram_stride), zero_point.eq(quant.zero_point),
                     mode.eq(quant.mode), act_min.eq(quant.act_min), act_max.eq(quant.act_max),
                 ]
@@ -123,6 +129,7 @@ class LoadUnit(wiring.Component):
                 m.d.sync += [
                     local.eq(load.local_addr), row_addr.eq(load.local_addr), rows.eq(load.rows),
                     row_bytes.eq(load.row_bytes), addr.eq(load.dram_addr),
+                    beats.eq(row_beats(bus_bytes, load.dram_addr, load.row_bytes)),
                     stride.eq(load.dram_stride),
                 ]
 
@@ -132,6 +139,7 @@ class LoadUnit(wiring.Component):
             reader.cmd.payload.rows.eq(rows),
             reader.cmd.payload.row_bytes.eq(row_bytes),
             reader.cmd.payload.stride.eq(stride),
+            reader.cmd.payload.beats.eq(beats),
         ]
         with m.If(reader.cmd.valid & reader.cmd.ready):
             m.d.sync += sent.eq(1)
@@ -202,20 +210,30 @@ class LoadUnit(wiring.Component):
         m.d.sync += operands_bad.eq((high != 0) & (high != (1 << len(high)) - 1) |
                                     (act_min > act_max))
         checked_shifts, checked_multipliers = row, staged_shifts    # see ``row`` above
-        shift_out_of_range = Cat(*[
-            ((lane[5:] != 0) & (lane[5:] != (1 << 27) - 1)) | (lane[:6] == 0b100000)
-            for lane in checked_shifts]).any()
-        not_finite = Cat(*[lane[23:31].all() for lane in checked_multipliers]).any()
-        bad_rows = Mux(mode == QuantMode.FLOAT,
-                       not_finite | (checked_shifts.as_value() != 0), shift_out_of_range)
-        # The verdict, registered in the cycle of the check, ends the instruction in the next:
-        # a fault from a flip-flop, or the state delivered.
+        # Each lane's verdict goes into a flip-flop of its own in the cycle of the check; the
+        # cycle after, their OR with the operands' makes the verdict (the reduction of every
+        # lane's bits to one flag in one cycle, after the route from ``row``, was a group of
+        # the failing paths on both configs).
+        float_mode = mode == QuantMode.FLOAT
+        lane_bad = Signal(cols, name="quant_lane_bad")
+        lanes_checked = Signal()
+        # The verdict, registered a cycle after that, ends the instruction in the next: a
+        # fault from a flip-flop, or the state delivered.
         deliver = Signal()
         judged = Signal()
         rejected = Signal()
-        m.d.sync += [deliver.eq(0), judged.eq(0)]
+        m.d.sync += [deliver.eq(0), judged.eq(0), lanes_checked.eq(0)]
         with m.If(check):
-            m.d.sync += [check.eq(0), judged.eq(1), rejected.eq(operands_bad | bad_rows)]
+            m.d.sync += [check.eq(0), lanes_checked.eq(1)]
+            for lane, (shift, multiplier) in enumerate(zip(checked_shifts,
+                                                           checked_multipliers)):
+                shift_out_of_range = (((shift[5:] != 0) & (shift[5:] != (1 << 27) - 1)) |
+                                      (shift[:6] == 0b100000))
+                not_finite = multiplier[23:31].all()
+                m.d.sync += lane_bad[lane].eq(Mux(float_mode, not_finite | (shift != 0),
+                                                  shift_out_of_range))
+        with m.If(lanes_checked):
+            m.d.sync += [judged.eq(1), rejected.eq(operands_bad | lane_bad.any())]
         with m.If(judged):
             m.d.sync += busy.eq(0)
             with m.If(rejected):

@@ -4,7 +4,7 @@ from amaranth.hdl import Assert, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..dma import BlockCommand
+from ..dma import BlockCommand, ReadCommand
 from ..isa import Instruction, Opcode, QuantMode
 
 
@@ -117,7 +117,7 @@ def ReaderSignature(row_bits):
     """A share of the DMA reader, as its user sees it: a block command, the rows it reads
     (one per cycle, never stalled), and ``done`` (with ``error`` on a bus error) at its end."""
     return wiring.Signature({
-        "cmd":   Out(stream.Signature(BlockCommand)),
+        "cmd":   Out(stream.Signature(ReadCommand)),
         "row":   In(stream.Signature(row_bits, always_ready=True)),
         "done":  In(1),
         "error": In(1),

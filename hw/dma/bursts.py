@@ -7,8 +7,8 @@ from amaranth.hdl import Cat, Const, Signal
 from amaranth.lib import data
 
 
-__all__ = ["BlockCommand", "MAX_READS_OUTSTANDING", "ceil_div", "row_geometry", "next_burst",
-           "geometry_for"]
+__all__ = ["BlockCommand", "ReadCommand", "MAX_READS_OUTSTANDING", "ceil_div", "row_beats",
+           "row_geometry", "next_burst", "geometry_for"]
 
 
 #: Read bursts the reader has asked for (AR accepted) and not yet received in full, at most.
@@ -31,8 +31,30 @@ class BlockCommand(data.Struct):
     stride:    32
 
 
+class ReadCommand(data.Struct):
+    """A :class:`BlockCommand` for the reader, with its first row's beats on the bus
+    (:func:`row_beats` of ``addr`` and ``row_bytes``), which the requester makes from its
+    own registers before it asks: the reader's first burst needs them in the cycle after
+    the command, and their sum after the requesters' arbiter was a long path. The reader
+    asserts them."""
+    addr:      32
+    rows:      16
+    row_bytes: 16
+    stride:    32
+    beats:     17
+
+
 def ceil_div(a, b):
     return -(-a // b)
+
+
+def row_beats(bus_bytes, addr, row_bytes):
+    """The beats of a row of ``row_bytes`` at ``addr`` on a bus of ``bus_bytes``: of
+    Amaranth values (only ``addr``'s low bits are read), or of integers."""
+    lg = bus_bytes.bit_length() - 1
+    if isinstance(addr, int) and isinstance(row_bytes, int):
+        return (addr % bus_bytes + row_bytes + bus_bytes - 1) >> lg
+    return (addr[:lg] + row_bytes + bus_bytes - 1) >> lg
 
 
 def row_geometry(bus_bytes, m, addr, row_bytes, name):
@@ -42,7 +64,7 @@ def row_geometry(bus_bytes, m, addr, row_bytes, name):
     beats = Signal(17, name=f"{name}_beats")
     m.d.comb += [
         offset.eq(addr[:lg]),
-        beats.eq((offset + row_bytes + bus_bytes - 1) >> lg),
+        beats.eq(row_beats(bus_bytes, addr, row_bytes)),
     ]
     aligned = Cat(Const(0, lg), addr[lg:])
     return aligned, offset, beats

@@ -6,7 +6,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axi import AXI4Signature
-from .bursts import BlockCommand, next_burst, row_geometry
+from .bursts import BlockCommand, ReadCommand, next_burst, row_geometry
 from .reader import DMAReader
 from .writer import DMAWriter
 
@@ -47,9 +47,10 @@ class DMA(wiring.Component):
     ----------
     bus : Out(AXI4Signature)
         The AXI4 master.
-    read_cmd : In(stream.Signature(BlockCommand))
+    read_cmd : In(stream.Signature(ReadCommand))
         Read a block; accepted when the reader is idle. ``rows`` and ``row_bytes`` are
-        non-zero and ``row_bytes <= read_row_bytes`` (the controller checks).
+        non-zero and ``row_bytes <= read_row_bytes`` (the controller checks); ``beats`` is
+        the first row's on the bus (:func:`~hw.dma.bursts.row_beats`, asserted).
     read_row : Out(stream.Signature(8 * read_row_bytes, always_ready=True))
         The rows of the block, in order.
     read_done, read_error : Out(1)
@@ -81,7 +82,7 @@ class DMA(wiring.Component):
         self.write_row_bytes = write_row_bytes
         super().__init__({
             "bus":         Out(AXI4Signature(addr_width=addr_width, data_width=data_width)),
-            "read_cmd":    In(stream.Signature(BlockCommand)),
+            "read_cmd":    In(stream.Signature(ReadCommand)),
             "read_row":    Out(stream.Signature(8 * read_row_bytes, always_ready=True)),
             "read_done":   Out(1),
             "read_error":  Out(1),

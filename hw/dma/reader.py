@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..axi import AXI4ReadSignature, Burst, Resp
 from ..copies import flag_with_next
-from .bursts import MAX_READS_OUTSTANDING, BlockCommand, ceil_div, geometry_for
+from .bursts import MAX_READS_OUTSTANDING, ReadCommand, ceil_div, geometry_for
 from .length_queue import LengthQueue
 
 
@@ -14,7 +14,7 @@ __all__ = ["DMAReader"]
 
 
 class DMAReader(wiring.Component):
-    """Reads blocks (:class:`~hw.dma.bursts.BlockCommand`) into rows of ``row_bytes``.
+    """Reads blocks (:class:`~hw.dma.bursts.ReadCommand`) into rows of ``row_bytes``.
 
     It walks a block's rows and bursts on the address channel ahead of the data, at most
     :data:`~hw.dma.bursts.MAX_READS_OUTSTANDING` bursts outstanding, and puts each beat
@@ -25,8 +25,8 @@ class DMAReader(wiring.Component):
     Attributes
     ----------
     bus : Out(AXI4ReadSignature)
-    cmd : In(stream.Signature(BlockCommand))
-        Accepted when the reader is idle.
+    cmd : In(stream.Signature(ReadCommand))
+        Accepted when the reader is idle; its ``beats`` must be its first row's (asserted).
     row : Out(stream.Signature(8 * row_bytes, always_ready=True))
     done, error : Out(1)
         As ``read_done`` and ``read_error`` of :class:`~hw.dma.DMA`.
@@ -40,7 +40,7 @@ class DMAReader(wiring.Component):
         self._row_geometry, self._next_burst = geometry_for(self.bus_bytes, geometry)
         super().__init__({
             "bus":   Out(AXI4ReadSignature(addr_width=addr_width, data_width=data_width)),
-            "cmd":   In(stream.Signature(BlockCommand)),
+            "cmd":   In(stream.Signature(ReadCommand)),
             "row":   Out(stream.Signature(8 * row_bytes, always_ready=True)),
             "done":  Out(1),
             "error": Out(1),
@@ -112,11 +112,13 @@ class DMAReader(wiring.Component):
         m.d.sync += Assert(~self.cmd.valid | (cmd.row_bytes <= self.row_bytes),
                            "a DMA read command with rows wider than the reader's")
         first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
+        m.d.sync += Assert(~self.cmd.valid | (cmd.beats == first_beats),
+                           "a DMA read command whose beats are not its first row's")
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.comb += r_abort_next.eq(0)
             m.d.sync += [
                 ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
-                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(first_beats),
+                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(cmd.beats),
                 r_active.eq(1),
                 r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
                 r_error.eq(0),
