@@ -8,7 +8,7 @@ import sys
 
 from hw.config import NPUConfig
 from .board import CLOCK_MHZ, build_board
-from .flow import DEVICES, MAC_STYLES, TOPS, FlowError, FlowOptions, run
+from .flow import DEVICES, MAC_STYLES, ROUTERS, TOPS, FlowError, FlowOptions, run
 from .report import ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, write_report
 
 
@@ -26,6 +26,8 @@ def _flow_arguments(parser):
     parser.add_argument("--mac", choices=MAC_STYLES, default="dsp",
                         help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
                              "of 'npu verilog', multipliers as Yosys infers them")
+    parser.add_argument("--router", choices=ROUTERS, default=FlowOptions.router,
+                        help=f"nextpnr's router (default {FlowOptions.router})")
     parser.add_argument("--timing-weight", type=int, default=FlowOptions.placer_timing_weight,
                         metavar="W", help="nextpnr's --placer-heap-timingweight (default "
                         f"{FlowOptions.placer_timing_weight})")
@@ -112,7 +114,7 @@ def main(argv=None):
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
                                   mac=arguments.mac, seed=arguments.seed, top=arguments.top,
                                   placer_timing_weight=arguments.timing_weight,
-                                  synth_only=arguments.synth_only,
+                                  router=arguments.router, synth_only=arguments.synth_only,
                                   pnr_minutes=arguments.pnr_minutes)
             report = run(arguments.config, options,
                          log=(lambda line: print(line, file=sys.stderr)) if arguments.json
@@ -122,7 +124,8 @@ def main(argv=None):
         elif arguments.command == "report":
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
                                   mac=arguments.mac, pnr_minutes=arguments.pnr_minutes,
-                                  placer_timing_weight=arguments.timing_weight)
+                                  placer_timing_weight=arguments.timing_weight,
+                                  router=arguments.router)
             write_report(arguments.configs, arguments.array_configs, options, arguments.out,
                          seeds=arguments.seeds, jobs=arguments.jobs, reuse=arguments.reuse)
         else:

@@ -83,6 +83,8 @@ def _same_options(report, options):
             and report.get("top", "npu") == options.top
             and report.get("target_mhz") == options.frequency_mhz
             and report.get("seed") == options.seed
+            # Runs from before the flow chose its router had router2.
+            and report.get("router", "router2") == options.router
             # Runs from before the flow set the weight had nextpnr's default.
             and (report.get("placer_timing_weight", NEXTPNR_TIMING_WEIGHT)
                  == options.placer_timing_weight)
@@ -344,7 +346,8 @@ def render(npu, array, baselines=(), options=None, others=(), failures=None):
         "# The NPU on Lattice ECP5",
         "",
         f"Measured by `make fpga-report` on {when}: Yosys `synth_ecp5 -abc9` and nextpnr-ecp5 "
-        f"(`--router router2 --placer-heap-timingweight {options.placer_timing_weight}`, "
+        f"(`--router {options.router} --placer-heap-timingweight "
+        f"{options.placer_timing_weight}`, "
         f"{_seeds_used(npu_rows, array_rows)}, clock constraint "
         f"{options.frequency_mhz:.0f} MHz), from the YoWASP wheels, on `{device}` in "
         f"`{PACKAGE}`, speed grade {SPEED} (the ULX3S part; {DEVICES[device]['mult18']} "

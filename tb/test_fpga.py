@@ -26,9 +26,9 @@ import fpga.flow
 import fpga.report
 from fpga.__main__ import main as fpga_main
 from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll, board_plan
-from fpga.flow import (PLACER_TIMING_WEIGHT, ECP5Target, FlowError, FlowOptions, _run_tool,
-                       build_dir, place_and_route, run)
-from fpga.harness import ScanHarness
+from fpga.flow import (PLACER_TIMING_WEIGHT, ROUTERS, ECP5Target, FlowError, FlowOptions,
+                       _run_tool, build_dir, place_and_route, run)
+from fpga.harness import RESET_DCC_85F, ScanHarness
 from fpga.pll import PLLSetting, ecp5_pll
 from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, summarize,
                          write_report)
@@ -501,7 +501,7 @@ def test_summarize_takes_the_best_run_and_the_median():
 
 def test_render_shows_best_median_and_seeds():
     page = render(_NPU_RUNS, _ARRAY_RUNS).splitlines()
-    assert ("(`--router router2 --placer-heap-timingweight "
+    assert (f"(`--router {FlowOptions.router} --placer-heap-timingweight "
             f"{FlowOptions.placer_timing_weight}`, seeds 1, 2 and 3 for the whole NPU and seed 1 "
             "for the array alone, clock constraint 150 MHz)") in page[2]
     assert page.index("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | "
@@ -779,7 +779,8 @@ def test_placer_timing_weight_reaches_nextpnr_and_the_reuse_check(monkeypatch, t
     assert commands[0][at + 1] == "37"
     options = FlowOptions(placer_timing_weight=37)
     report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 150.0,
-              "seed": 1, "mac_pipeline": 4, "fmax_mhz": 90.0, "placer_timing_weight": 37}
+              "seed": 1, "mac_pipeline": 4, "fmax_mhz": 90.0, "placer_timing_weight": 37,
+              "router": FlowOptions.router}
     assert fpga.report._same_options(report, options)
     assert not fpga.report._same_options({**report, "placer_timing_weight": 10}, options)
     del report["placer_timing_weight"]
@@ -791,3 +792,39 @@ def test_placer_timing_weight_reaches_nextpnr_and_the_reuse_check(monkeypatch, t
                                              f"integer, not {re.escape(repr(weight))}"):
             run(NPUConfig.from_name("2x2"), FlowOptions(placer_timing_weight=weight),
                 workdir=tmp_path / "run")
+
+
+def test_router_reaches_nextpnr_and_the_reuse_check(monkeypatch, tmp_path):
+    """The flow's router (router1 by default) is on nextpnr's command line; a run made with
+    the other is not reused, and one from before the flow chose counts as router2's; an
+    unknown router is refused."""
+    commands = []
+    monkeypatch.setattr(fpga.flow, "_run_tool",
+                        lambda command, *args, **kwargs: commands.append(command) or 0.0)
+    for router in ROUTERS:
+        place_and_route(tmp_path, device="LFE5U-85F", frequency_mhz=150.0, router=router)
+    assert [command[command.index("--router") + 1] for command in commands] == list(ROUTERS)
+    assert FlowOptions().router == "router1"
+    report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 150.0,
+              "seed": 1, "mac_pipeline": 4, "fmax_mhz": 90.0,
+              "placer_timing_weight": FlowOptions.placer_timing_weight, "router": "router1"}
+    assert fpga.report._same_options(report, FlowOptions())
+    assert not fpga.report._same_options({**report, "router": "router2"}, FlowOptions())
+    del report["router"]
+    assert not fpga.report._same_options(report, FlowOptions())
+    assert fpga.report._same_options(report, FlowOptions(router="router2"))
+    with pytest.raises(ValueError, match="router must be one of router1, router2, not 'r3'"):
+        run(NPUConfig.from_name("2x2"), FlowOptions(router="r3"), workdir=tmp_path / "run")
+
+
+def test_reset_dcc_locked_on_the_85f_only():
+    """On the 85F the harness's reset DCCA carries nextpnr's BEL of TDCC1 (an unlocked one on
+    TDCC0 left some placements unroutable); other devices' DCCs lie elsewhere, so theirs is
+    left free."""
+    config = NPUConfig.from_name("2x2")
+    locked = f'(* BEL = "{RESET_DCC_85F}" *)'
+    text, _ = fpga.flow.elaborate(config, device="LFE5U-85F", top="array")
+    assert text.count(locked) == 1
+    assert text.index(locked) < text.index("DCCA reset_buffer") < text.index(locked) + 100
+    text, _ = fpga.flow.elaborate(config, device="LFE5U-45F", top="array")
+    assert "DCCA reset_buffer" in text and "BEL" not in text
