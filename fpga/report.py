@@ -489,28 +489,24 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   integer point beside stages 6 and 7) and compare with the clamp's bounds beside their
   last adder, the store unit copies its row selects, the load unit its staging enable, the
   streamer picks the accumulator port's rows by flip-flops of its own, the host takes
-  writes and read addresses into registers before decoding them, and the decoder's head
-  and front registers load in nine slices under copies of their valid flags. What is left
-  is mostly wire: 857 to 1,648 (4x4) and 1,160 to 1,385 (8x8) endpoints miss 8 ns on the
-  runs above (`python -m fpga.sta` lists them), the worst by 3.1 to 3.6 (4x4) and 3.2 to
-  4.3 ns (8x8), most groups by 1 to 3 ns:
-  paths of four to eight
-  routes of 1 to 5 ns between blocks the placer puts far apart (the DSP and block RAM
-  columns spread the design over the die), with a few LUTs or a carry chain between them,
-  some twenty groups within 1 ns of the worst, so that which one a placement stretches
-  decides the figure (two seeds of one netlist have differed by 11 MHz on the 4x4 and 27
-  on the 8x8, whose router sometimes clears its last overused wires only by detours and
-  sometimes not at all). The
-  largest groups (docs/fpga-timing.md has the latest list): the issue decision (four LUT
-  levels from its flags) into the decoder's head and front registers, the weight loader,
-  the units and the stall counters; the requantizer's stages (stage 2's shifter); the
-  decoder's stage 1; the DMA reader's address registers from the load unit's command
-  through the fetcher's grant, and its row from the byte offset's copies; the host's
-  register map into its read data; the DMA writer's state into its per-word copies. A
-  plain register on the decision or on the reader's command costs more than half a point
-  of the bench's utilization (the cycle model: 1.3 and 3.6 points on 16 x 64 x 64), so the
-  decision would have to be made a cycle ahead for both candidate heads and the command's
-  first-row geometry by its requester; or the blocks kept together on the die.
+  writes and read addresses into registers before decoding them (its reads pick a word per
+  group of eight registers first), the decoder's head and front registers load in nine
+  slices under copies of their valid flags, its bounds' operands are picked in its input
+  register and each range check is one carry chain, a read command carries its first
+  row's beats from its requester, and `LOAD_QUANT` checks each lane into a flag of its
+  own. nextpnr's router1 routes it (router2 left several times more failing paths on the
+  same placements: docs/fpga-timing.md). What is left is wire and a few LUT levels: 65 to
+  103 (4x4) and 36 to 307 (8x8) endpoints miss 8 ns on the runs above (`python -m fpga.sta`
+  lists them), the worst by 0.7 to 1.5 ns (4x4) and 0.6 to 1.8 ns (8x8), in small groups
+  that differ from seed to seed: the issue decision into the stall counters, the decoder's
+  head and the streamer (from the accumulator's unseen-write flags); the DMA reader's
+  address side into its burst framing (`reader.py:65` -> `:185`, `:200`); the DMA writer's
+  state into its words; the issue stage's `pc` into its status copies (`pc + 1 ==
+  prog_len`, an adder and a comparison); the streamer's MAC count (`k_used * n_used`, which
+  Yosys puts on a MULT18X18D without registers: on the 8x8 board build, placed far off,
+  it is the only failing path). A plain register on the issue decision or on the reader's
+  command costs more than half a point of the bench's utilization (the cycle model: 1.3
+  and 3.6 points on 16 x 64 x 64).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
@@ -522,8 +518,10 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   builds larger arrays with Booth LUT multipliers for the PEs beyond the DSPs (`-nodsp`;
   `python -m fpga run --top array --config 16x16` synthesizes to 156 PEs on MULT18X18D and
   100 on LUTs), but the LUT multipliers and their routing are slower still: the array
-  table has what each size reaches. None of it reaches 51.2 GOPS yet; the whole NPU is far
-  below, at the Fmax of the blocks around the array.
+  table has what each size reaches. The 12 x 12 array alone passes 51.2 GOPS above 178
+  MHz (its table's row); the whole NPU does not yet: the largest that fits the 85F's
+  MULT18X18D with the rest of the NPU is the 10 x 10 (below), at the Fmax of the blocks
+  around the array.
 
 ## How the build is made
 
@@ -583,8 +581,9 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   for seed 1, as `make fpga` names it), and the runs go to `FPGA_JOBS` worker processes
   (each runs one single-threaded tool at a time), the largest first: the whole NPU before
   the array alone, more PEs first, so that no long run starts last. A failed run does not
-  stop the others; a place and route still running after `--pnr-minutes` (60 by default:
-  router2 does not converge on some placements, and then runs on for hours) is stopped and
+  stop the others; a place and route still running after `--pnr-minutes` (60 by default: a
+  router may not converge on some placements, as router2 did not on several, and then runs
+  on for hours) is stopped and
   counts as failed; the page names the failed runs under its table, and its figures are the
   other seeds' (a config with no run left stops the report). `python -m fpga report
   --reuse` then takes every run already made with the same options and seed. The
@@ -626,9 +625,10 @@ flow) rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal a
 since `42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
 MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
 oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 65 MHz, below the whole 8x8 NPU's Fmax out of context on `4cbdffa`, 70.70
-MHz; the board's own place and route reports its Fmax at the end of this page when a build
-has finished), with the divisors Project Trellis' `ecppll` would
+`fpga/board.py`, 70 MHz, what the 8x8's board build met on `e5e8aa3`: 71.47 MHz, one path
+short of 90 MHz; the board's own place and route reports its Fmax at the end of this page
+when a build has finished; nextpnr's router1, as the flow), with the divisors Project
+Trellis' `ecppll` would
 choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
 design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
 `led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs for a real part
