@@ -14,8 +14,8 @@ from sim.amaranth_sim import run_simulation
     (8, 0.5, 0x1E0), (8, 0.8, 0x1E1), (2, 0.5, 0x1E2), (1, 0.6, 0x1E3)])
 def test_against_a_deque(depth, push_probability, seed):
     """In every cycle: ``r_rdy``, ``w_rdy`` and ``head`` as the deque's, and ``r_rdy_next``
-    and ``head_next`` as the deque after the cycle's pop and push (the head when it is not
-    empty then)."""
+    as the deque after the cycle's pop and push; when it is not empty then, its head is the
+    value pushed now (``w_to_head``), else ``head_next``."""
     rng = np.random.default_rng(seed)
     dut = LengthQueue(depth)
     model = deque()
@@ -36,10 +36,12 @@ def test_against_a_deque(depth, push_probability, seed):
             room = len(model) < depth          # a push is taken only when not full
             if pop and model:
                 model.popleft()
+            to_head = push and room and not model
             if push and room:
                 model.append(value)
             assert ctx.get(dut.r_rdy_next) == bool(model), context
-            if model:
+            assert ctx.get(dut.w_to_head) == to_head, context
+            if model and not to_head:
                 assert ctx.get(dut.head_next) == model[0], context
             await ctx.tick()
     run_simulation(dut, testbench)

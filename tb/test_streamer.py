@@ -80,6 +80,7 @@ def test_load_acc_meets_result_assert_fires():
         offer(ctx, dut.issue.cmd, matmul(0, 0, 1, 0))
         await ctx.tick()
         ctx.set(dut.issue.cmd.valid, 0)
+        await ctx.tick()                 # the write port's choice follows a cycle late
         ctx.set(dut.result.valid, 1)
         ctx.set(dut.load_acc.en, 1)
         await ctx.tick()
@@ -103,6 +104,7 @@ def test_write_port_choice_asserts_fire():
         offer(ctx, dut.issue.cmd, matmul(0, 0, 1, 0))
         await ctx.tick()
         ctx.set(dut.issue.cmd.valid, 0)
+        await ctx.tick()
         ctx.set(dut.load_acc.en, 1)
         await ctx.tick()
         await ctx.tick()
@@ -127,8 +129,13 @@ def test_random_against_model(seed):
         # one): the writes taken one and two cycles ago (``unseen``, s1 and s2) and three
         # ago (being written, S); busy while any is there.
         pipeline = deque([(0, 0)] * 3)    # (valid, addr) of s1, s2, S
+        # The write port's choice is made from the MATMULs queued a cycle before: results
+        # come only with one queued then (the array's latency is longer), LOAD_ACC rows only
+        # with none then.
+        queued_before = False
         for cycle in range(400):
             context = f"seed {seed} cycle {cycle}"
+            queued_now = bool(slots)
             issue = rng.random() < 0.4 and len(reads) <= 1 and len(slots) < 2 and issued < 40
             pending = int(rng.random() < 0.5)
             ctx.set(dut.commit.pending, pending)
@@ -141,12 +148,12 @@ def test_random_against_model(seed):
                               int(rng.integers(0, 2)), k, n)
                 offer(ctx, dut.issue.cmd, word)
             owed = sum(slot[1] - slot[3] for slot in slots)
-            result = owed > 0 and rng.random() < 0.5
+            result = owed > 0 and queued_before and rng.random() < 0.5
             data = [int(v) for v in rng.integers(-2**31, 2**31, size=C)]
             ctx.set(dut.result.valid, result)
             ctx.set(dut.result.payload, data)
             # LOAD_ACC rows only while no MATMUL is queued, as the issue stage orders them.
-            load = not result and not slots and rng.random() < 0.3
+            load = not result and not slots and not queued_before and rng.random() < 0.3
             loads += load
             load_write = (int(rng.integers(0, CONFIG.acc_depth)), int(rng.integers(0, 2)),
                           [int(v) for v in rng.integers(-2**31, 2**31, size=C)])
@@ -199,6 +206,7 @@ def test_random_against_model(seed):
             pipeline.pop()
             pipeline.appendleft((write[0], write[1] if write[0] else 0))
             await ctx.tick()
+            queued_before = queued_now
             last_read = None
             row_macs = macs if reads else 0
             if reads:

@@ -120,8 +120,13 @@ class IssueStage(wiring.Component):
             m.d.comb += start_while_busy_next.eq(1)
         with m.If(~running):
             m.d.comb += start_while_busy_next.eq(0)
-        prog_len = Signal(32)
-        at_prog_end, at_prog_end_next = flag_with_next(m, "at_prog_end")  # pc == prog_len
+        # pc == prog_len, and pc + 1 == prog_len compared a cycle ahead (pc == prog_len - 2,
+        # set at begin): pc + 1 == prog_len into the ``go`` copy was a path of every run.
+        at_prog_end, at_prog_end_next = flag_with_next(m, "at_prog_end")
+        at_prog_last = Signal()
+        prog_len_minus_two = Signal(32)
+        m.d.sync += Assert(~running | (at_prog_last == (host.pc == (prog_len_minus_two + 1)[:32])),
+                           "issue stage: at_prog_last out of step")
         stopping, stopping_next = flag_with_next(m, "stopping")
         stop_code = Signal(8)
         stop_pc = Signal(32)
@@ -135,13 +140,6 @@ class IssueStage(wiring.Component):
         # before, into a register: between the next head (the decoder's entry if it loads
         # one, else this head) and what the unit's registers will hold (the head's, if they
         # follow it, else their own). Only the last choices wait for this cycle's issue.
-        def ahead(name, compare, ours, unit_next):
-            flag = Signal(name=f"{name}_ahead")
-            m.d.sync += flag.eq(Mux(self.next_head.load,
-                                    compare(ours(self.next_head.entry), unit_next),
-                                    compare(ours(head), unit_next)))
-            return flag
-
         def overlaps(a, b):              # [lo, hi) ranges, as (lo, hi) pairs
             return (a[0] < b[1]) & (b[0] < a[1])
 
@@ -160,23 +158,24 @@ class IssueStage(wiring.Component):
         def holds(a, b):                 # a [lo, hi) range holds row b[0]
             return (a[0] <= b[0]) & (b[0] < a[1])
 
-        def against(name, compare, ours, theirs, follows):
-            """``ahead`` against what a unit's registers will hold: the head's if they
-            follow it, else their own. Both are compared, and ``follows`` (from the unit's
-            flip-flops) picks one after the comparators, beside the issue's choice."""
+        def against(name, compare, ours, theirs, follows=None, valid=1):
+            """The next head against what a unit's registers will hold: the head's if they
+            follow it, else their own (``theirs``). Both are compared, and ``follows`` (from
+            the unit's flip-flops) picks one after the comparators, beside the issue's
+            choice; ``valid`` (the next cycle's) is folded in."""
             flag = Signal(name=f"{name}_ahead")
             entry, now = ours(self.next_head.entry), ours(head)
-            m.d.sync += flag.eq(Mux(self.next_head.load,
-                                    Mux(follows, compare(entry, now), compare(entry, theirs)),
-                                    Mux(follows, compare(now, now), compare(now, theirs))))
+            if follows is None:
+                on_entry, on_head = compare(entry, theirs), compare(now, theirs)
+            else:
+                on_entry = Mux(follows, compare(entry, now), compare(entry, theirs))
+                on_head = Mux(follows, compare(now, now), compare(now, theirs))
+            m.d.sync += flag.eq(valid & Mux(self.next_head.load, on_entry, on_head))
             return flag
 
-        spad_vs_stream = against("spad_vs_stream", overlaps, spad_of, pair(stream_.spad),
-                                 stream_.follows)
-        spad_vs_weights = against("spad_vs_weights", overlaps, spad_of, pair(weights.spad),
-                                  weights.follows)
-        spad_vs_load = against("spad_vs_load", overlaps, spad_of, pair(load.spad),
-                               load.follows)
+        spad_vs_stream, spad_vs_weights, spad_vs_load = (
+            against(f"spad_vs_{name}", overlaps, spad_of, pair(unit.spad), unit.follows)
+            for name, unit in (("stream", stream_), ("weights", weights), ("load", load)))
         acc_vs_store = against("acc_vs_store", overlaps, acc_of, pair(store.acc),
                                store.follows)
         bytes_vs_store = against("bytes_vs_store", overlaps, bytes_of,
@@ -191,16 +190,15 @@ class IssueStage(wiring.Component):
                           for i in range(WRITEBACK_SLOTS)]).any()
         # Each is one flip-flop, the write's valid flag folded into the comparison made a
         # cycle ahead: the valid flags of the accumulator's stages sit by its block RAM,
-        # across the die (asserted equal to them while a program runs).
+        # across the die (asserted equal to the comparison with a head, while running).
         unseen_next = [stream_.writing, stream_.unseen[0]]
         assert len(unseen_next) == len(stream_.unseen)
-        for i, write in enumerate(unseen_next):
-            hit = ahead(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,))
-            valid = Signal(name=f"acc_unseen{i}_valid")
-            m.d.sync += valid.eq(write.valid)
-            m.d.sync += Assert(~running | (valid == stream_.unseen[i].valid),
-                               f"issue stage: the copy of unseen write {i} out of step")
-            store_raw = store_raw | (valid & hit)
+        for i, (write, unseen) in enumerate(zip(unseen_next, stream_.unseen)):
+            hit = against(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,), valid=write.valid)
+            m.d.sync += Assert(~running | ~self.decoded.valid |
+                               (hit == (unseen.valid & holds(acc_of(head), (unseen.addr,)))),
+                               f"issue stage: the comparison with unseen write {i} out of step")
+            store_raw = store_raw | hit
         store_dram_hazard = store.busy & bytes_vs_store
 
         # Why the head waits, for the stall counters: for each kind of instruction (the
@@ -295,8 +293,9 @@ class IssueStage(wiring.Component):
                 m.d.comb += running_next.eq(0)
                 m.d.sync += host.done.eq(1)
             with m.Else():
-                m.d.sync += host.pc.eq(host.pc + 1)
-                m.d.comb += at_prog_end_next.eq(host.pc + 1 == prog_len)
+                m.d.sync += [host.pc.eq(host.pc + 1),
+                             at_prog_last.eq(host.pc == prog_len_minus_two)]
+                m.d.comb += at_prog_end_next.eq(at_prog_last)
         with m.If(stream_.busy):
             m.d.sync += perf.array_rows.eq(perf.array_rows + 1)
         # A row's MACs come a cycle after it (0 in a cycle after none).
@@ -390,7 +389,7 @@ class IssueStage(wiring.Component):
             m.d.sync += [
                 host.done.eq(0), host.error.eq(0), host.error_code.eq(0),
                 host.error_pc.eq(0), host.pc.eq(0), cycles.eq(1), perf.eq(0),
-                prog_len.eq(prog_len_seen),
+                prog_len_minus_two.eq(prog_len_seen - 2), at_prog_last.eq(prog_len_seen == 1),
             ]
             m.d.comb += [at_prog_end_next.eq(prog_len_seen == 0), stopping_next.eq(0)]
             with m.If(program_bad):

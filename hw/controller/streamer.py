@@ -20,6 +20,13 @@ __all__ = ["Streamer", "StreamStatus", "WRITEBACK_SLOTS"]
 WRITEBACK_SLOTS = 2
 
 
+def product_in_luts(a, b):
+    """``a * b`` as a sum of shifted copies of ``b``, one per bit of ``a``: Yosys maps a
+    ``*`` onto a DSP (an unregistered MULT18X18D, placed far from its users on the 85F: the
+    8x8 board build's only failing path), and these widths (at most 7 bits) are a few LUTs."""
+    return sum(Mux(bit, b << i, 0) for i, bit in enumerate(a))
+
+
 class Writeback(data.Struct):
     """A MATMUL whose results are still to come out of the array."""
     valid:      1
@@ -96,8 +103,8 @@ class Streamer(wiring.Component):
         rows_after = Signal(16)
         # The MATMUL's widths, registered at its issue; the useful MACs of a row are their
         # product, registered in the cycle it is read (``macs``, for the perf counter, a
-        # cycle after the row): the multiplier is not at the end of the head's operands
-        # and the widths' defaults (that path was the 4x4's longest).
+        # cycle after the row, ``product_in_luts``): the multiplier is not at the end of
+        # the head's operands and the widths' defaults (that path was the 4x4's longest).
         k_used = Signal(range(rows + 1))
         n_used = Signal(range(cols + 1))
         macs = Signal(32)
@@ -204,7 +211,7 @@ class Streamer(wiring.Component):
                 k_used.eq(Mux(matmul.k_width == 0, rows, matmul.k_width)),
                 n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
-        m.d.sync += macs.eq(Mux(busy, k_used * n_used, 0))
+        m.d.sync += macs.eq(Mux(busy, product_in_luts(k_used, n_used), 0))
         # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
         # free now and no MATMUL issues or one of one row does, or on the row before the last.
         status_busy = status_copy(m, "stream_busy", busy, busy_next)
@@ -264,13 +271,15 @@ class Streamer(wiring.Component):
         # The write port's row, address and mode are the array's while a MATMUL has results
         # to come, else the load unit's: a choice from flip-flops of the streamer's own
         # (``due_lane_<lane>``, one per lane's 32 bits and one for the address, kept apart
-        # on the FPGA), made from the MATMULs queued in the next cycle, not from the
+        # on the FPGA), made from the MATMULs queued in the cycle before, not from the
         # array's result flag, which comes from across the die (its route into the picks of
         # the accumulator's block RAM addresses and rows was a group of the 8x8's failing
-        # paths). A result comes only with a MATMUL queued, a LOAD_ACC row only with none
-        # (it issues on a drained array, and no MATMUL issues while it runs): asserted.
+        # paths), nor from the issue decision (its route to them was another). A result
+        # comes only with a MATMUL queued since cycles before (the array's latency), a
+        # LOAD_ACC row only with none since (it issues on a drained array, its rows come
+        # from the bus, and no MATMUL issues while it runs): asserted.
         dues = [Signal(name=f"due_lane_{lane}") for lane in range(cols + 1)]
-        m.d.sync += [due.eq(queued_next != 0) for due in dues]
+        m.d.sync += [due.eq(queued != 0) for due in dues]
         m.d.sync += Assert(~self.result.valid | dues[cols],
                            "streamer: a result of the array with no MATMUL queued")
         m.d.sync += Assert(~self.load_acc.en | ~dues[cols],

@@ -1,6 +1,6 @@
 """The DMA's reader: 2-D strided blocks from DRAM into rows, on the AXI4 read channels."""
 
-from amaranth.hdl import Assert, Cat, Const, Module, Signal
+from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -197,11 +197,23 @@ class DMAReader(wiring.Component):
             with m.If(burst_end):
                 m.d.comb += beat_next.eq(0)
         # And whether that beat ends a row (with a burst to frame it), for the row's end.
+        # A burst asked for now that goes to the head at this edge (its first beat is then
+        # the next) is one beat when the row has one left or it is the last before 4 KiB,
+        # and it ends its row in the first case: two comparisons of the address side's
+        # registers, not the burst length's sums and the queue's choice after them (those
+        # were the 8x8's and the 4x4's longest paths). Asserted equal to its entry.
+        one_left = ar_beats_left == 1
+        one_beat = one_left | (ar_beat_addr[lg:12] == (4096 >> lg) - 1)
+        m.d.sync += Assert(~lengths.w_to_head |
+                           ((beat_next == 0) & (one_beat == (ar_len_minus_one == 0)) &
+                            (one_left == (one_beat & ar_last))),
+                           "the DMA reader's one-beat burst terms out of step")
         row_end = Signal()
         last_next = beat_next == lengths.head_next[:8]
         m.d.sync += [r_burst_beat.eq(beat_next),
-                     asked_last.eq(last_next),
-                     row_end.eq(lengths.r_rdy_next & last_next & lengths.head_next[8])]
+                     asked_last.eq(Mux(lengths.w_to_head, one_beat, last_next)),
+                     row_end.eq(Mux(lengths.w_to_head, one_left,
+                                    lengths.r_rdy_next & last_next & lengths.head_next[8]))]
         m.d.sync += Assert(row_end == (lengths.r_rdy & asked_last & head_ends_row),
                            "the DMA reader's row_end out of step")
         m.d.sync += [

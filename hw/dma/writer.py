@@ -133,26 +133,17 @@ class DMAWriter(wiring.Component):
         ]
 
         load_row = Signal()          # the buffered row goes onto the beats at this edge
-        set_row_addr = Signal()      # w_row_addr takes new_row_addr at this edge
-        new_row_addr = Signal(32)
 
         def load():
             # Start writing the buffered row (already shifted onto the beats) at w_row_addr,
-            # and move on to the row after it.
-            m.d.comb += [load_row.eq(1), set_row_addr.eq(1), new_row_addr.eq(w_next_row)]
-            m.d.sync += [
-                w_beat_addr.eq(w_aligned),
-                w_beats_left.eq(w_beats),
-                next_valid.eq(0),
-                w_row_addr.eq(w_next_row),
-                w_next_row.eq(w_next_row + w_stride),
-            ]
+            # and move on to the row after it: its registers are loaded below, under copies
+            # of the states (``state_word_<write_words>_*``).
+            m.d.comb += load_row.eq(1)
             m.next = "ADDRESS"
 
         with m.FSM(name="writer") as writer_fsm:
             with m.State("IDLE"):
                 with m.If(self.cmd.valid):
-                    m.d.comb += [set_row_addr.eq(1), new_row_addr.eq(wcmd.addr)]
                     m.d.sync += [
                         w_row_addr.eq(wcmd.addr), w_next_row.eq(wcmd.addr + wcmd.stride),
                         w_rows_left.eq(wcmd.rows), w_final_row.eq(wcmd.rows == 1),
@@ -206,7 +197,9 @@ class DMAWriter(wiring.Component):
         # The beats' words, each under its own copies of the two states that move them
         # (``state_word_<k>_row`` / ``_data``, kept apart on the FPGA): a beat on W shifts
         # them down a word, and a row loads them from the buffer. The enables of all of
-        # them came from the one state register, by routes across the die.
+        # them came from the one state register, by routes across the die. A last set of
+        # copies loads the row's address registers (their enables from the state register
+        # were groups of 32 failing paths on the 4x4).
         last_of_row = Signal()       # a beat on W now ends the row, and not the command
         m.d.comb += last_of_row.eq(w_last_beat & ~w_more_bursts & ~w_final_row)
         enter_row = ((writer_fsm.ongoing("IDLE") & self.cmd.valid) |
@@ -214,7 +207,7 @@ class DMAWriter(wiring.Component):
         leave_row = writer_fsm.ongoing("ROW") & next_valid
         enter_data = writer_fsm.ongoing("ADDRESS") & bus.awready
         leave_data = writer_fsm.ongoing("DATA") & bus.wready & w_last_beat
-        for k in range(write_words):
+        for k in range(write_words + 1):
             in_row = Signal(name=f"state_word_{k}_row")
             in_data = Signal(name=f"state_word_{k}_data")
             # The buffer's full flag and the row's offset, copied likewise: the word of the
@@ -231,20 +224,15 @@ class DMAWriter(wiring.Component):
                 m.d.sync += row_ends.eq((w_burst_left == 1) & ~w_more_bursts & ~w_final_row)
             m.d.sync += Assert(~writer_fsm.ongoing("DATA") | (row_ends == last_of_row),
                                "the DMA writer's row end copy out of step")
-            offset = Signal.like(w_offset, name=f"state_word_{k}_offset")
+            # This copy's load_row (asserted equal).
+            loads = Signal(name=f"loads_{k}")
+            m.d.comb += loads.eq((in_row & full) | (in_data & bus.wready & row_ends & full))
+            m.d.sync += Assert(loads == load_row, "the DMA writer's load copy out of step")
             with m.If(self.row.valid & ~full):
-                m.d.sync += [
-                    full.eq(1),
-                    next_row[k].eq((self.row.payload << (offset * 8))[k * self.data_width:
-                                                                       (k + 1) * self.data_width]),
-                    next_strb[k].eq((byte_mask << offset)[k * bus_bytes:(k + 1) * bus_bytes]),
-                ]
-            with m.If(load_row):
+                m.d.sync += full.eq(1)
+            with m.If(loads):
                 m.d.sync += full.eq(0)
-            with m.If(set_row_addr):
-                m.d.sync += offset.eq(new_row_addr[:len(offset)])
-            m.d.sync += Assert((full == next_valid) & (offset == w_offset),
-                               "the DMA writer's buffer copies out of step")
+            m.d.sync += Assert(full == next_valid, "the DMA writer's buffer copies out of step")
             with m.If(enter_row):
                 m.d.sync += in_row.eq(1)
             with m.If(leave_row):
@@ -256,12 +244,34 @@ class DMAWriter(wiring.Component):
             m.d.sync += Assert((in_row == writer_fsm.ongoing("ROW")) &
                                (in_data == writer_fsm.ongoing("DATA")),
                                "the DMA writer's state copies out of step")
+            if k == write_words:
+                with m.If(loads):
+                    m.d.sync += [
+                        w_beat_addr.eq(w_aligned),
+                        w_beats_left.eq(w_beats),
+                        next_valid.eq(0),
+                        w_row_addr.eq(w_next_row),
+                        w_next_row.eq(w_next_row + w_stride),
+                    ]
+                continue
+            offset = Signal.like(w_offset, name=f"state_word_{k}_offset")
+            with m.If(self.row.valid & ~full):
+                m.d.sync += [
+                    next_row[k].eq((self.row.payload << (offset * 8))[k * self.data_width:
+                                                                       (k + 1) * self.data_width]),
+                    next_strb[k].eq((byte_mask << offset)[k * bus_bytes:(k + 1) * bus_bytes]),
+                ]
+            with m.If(w_idle & self.cmd.valid):
+                m.d.sync += offset.eq(wcmd.addr[:len(offset)])
+            with m.If(loads):
+                m.d.sync += offset.eq(w_next_row[:len(offset)])
+            m.d.sync += Assert(offset == w_offset, "the DMA writer's offset copy out of step")
             with m.If(in_data & bus.wready):
                 if k + 1 < write_words:
                     m.d.sync += [w_data[k].eq(w_data[k + 1]), w_strb[k].eq(w_strb[k + 1])]
                 else:
                     m.d.sync += [w_data[k].eq(0), w_strb[k].eq(0)]
-            with m.If((in_row & full) | (in_data & bus.wready & row_ends & full)):
+            with m.If(loads):
                 m.d.sync += [w_data[k].eq(next_row[k]), w_strb[k].eq(next_strb[k])]
 
         with m.If(b_fire & ~b_awaited & ~w_idle):
