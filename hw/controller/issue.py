@@ -2,14 +2,14 @@
 program order and hands each to its unit once no hazard holds it back."""
 
 from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..copies import flag_with_next
 from ..isa import INSTR_BYTES, ErrorCode
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
-from .signatures import (KIND_OPCODES, Decoded, Fault, HostLinkSignature,
+from .signatures import (KIND_OPCODES, CountedEvents, Decoded, Fault, HostLinkSignature,
                          NextHeadSignature, PerfCounters, UnitSignature, status_copy)
 from .store_unit import StoreStatus
 from .streamer import WRITEBACK_SLOTS, StreamStatus
@@ -73,6 +73,7 @@ class IssueStage(wiring.Component):
         perf = Signal(PerfCounters, reset_less=True)
         cycles = Signal.like(host.cycles, name="cycles", reset_less=True)
         m.d.comb += [host.perf.eq(perf), host.cycles.eq(cycles)]
+        counting, counted = Signal(CountedEvents), Signal(CountedEvents)
         counters_reset = Signal(init=1, name="core_reset_counters")
         m.d.sync += counters_reset.eq(0)
         with m.If(counters_reset):
@@ -116,20 +117,16 @@ class IssueStage(wiring.Component):
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
         start_while_busy, start_while_busy_next = flag_with_next(m, "start_while_busy")
-        with m.If(start & running):
-            m.d.comb += start_while_busy_next.eq(1)
-        with m.If(~running):
-            m.d.comb += start_while_busy_next.eq(0)
+        m.d.comb += start_while_busy_next.eq(running & (start | start_while_busy))
         # pc == prog_len, and pc + 1 == prog_len compared a cycle ahead (pc == prog_len - 2,
         # set at begin): pc + 1 == prog_len into the ``go`` copy was a path of every run.
         at_prog_end, at_prog_end_next = flag_with_next(m, "at_prog_end")
-        at_prog_last = Signal()
-        prog_len_minus_two = Signal(32)
-        m.d.sync += Assert(~running | (at_prog_last == (host.pc == (prog_len_minus_two + 1)[:32])),
+        at_prog_last, prog_len_minus_two = Signal(), Signal(32)
+        m.d.sync += Assert(~running |
+                           (at_prog_last == (host.pc == (prog_len_minus_two + 1)[:32])),
                            "issue stage: at_prog_last out of step")
         stopping, stopping_next = flag_with_next(m, "stopping")
-        stop_code = Signal(8)
-        stop_pc = Signal(32)
+        stop_code, stop_pc = Signal(8), Signal(32)
 
         # ------------------------------------------------------------ hazards
         head = self.decoded.payload
@@ -235,13 +232,11 @@ class IssueStage(wiring.Component):
                          running & ~stopping & ~start_while_busy & ~at_prog_end,
                          running_next & ~stopping_next & ~start_while_busy_next &
                          ~at_prog_end_next)
-        issuable = self.next_head.issuable
-        issue = Signal()
+        issuable, issue = self.next_head.issuable, Signal()
         m.d.comb += issue.eq(go & ~self.fetch.refetch &
                              Cat(*[issuable[name] & ~Cat(*terms).any()
                                    for name, terms in waits.items()]).any())
-        decided = Signal()
-        issue_fault = Signal(Fault)
+        decided, issue_fault = Signal(), Signal(Fault)
         m.d.comb += issue_fault.pc.eq(host.pc)
 
         def raise_error(code):
@@ -253,7 +248,7 @@ class IssueStage(wiring.Component):
             with m.Elif(at_prog_end):
                 raise_error(ErrorCode.PROGRAM)
             with m.Elif(~self.decoded.valid):
-                m.d.sync += perf.stall_fetch.eq(perf.stall_fetch + 1)
+                m.d.comb += counting.stall_fetch.eq(1)
             with m.Elif(kind.faulty):
                 with m.If(head.bus_error):
                     raise_error(ErrorCode.BUS_READ)
@@ -261,11 +256,11 @@ class IssueStage(wiring.Component):
                     raise_error(head.check)
             with m.Elif(blocked_load | blocked_store | blocked_array):
                 with m.If(blocked_load):
-                    m.d.sync += perf.stall_load.eq(perf.stall_load + 1)
+                    m.d.comb += counting.stall_load.eq(1)
                 with m.Elif(blocked_store):
-                    m.d.sync += perf.stall_store.eq(perf.stall_store + 1)
+                    m.d.comb += counting.stall_store.eq(1)
                 with m.Else():
-                    m.d.sync += perf.stall_array.eq(perf.stall_array + 1)
+                    m.d.comb += counting.stall_array.eq(1)
             with m.Else():
                 m.d.comb += decided.eq(1)
         m.d.sync += Assert(issue == decided, "issue stage: the decision's flags out of step")
@@ -288,7 +283,7 @@ class IssueStage(wiring.Component):
                 unit.cmd.payload.acc.eq(head.acc),
             ]
         with m.If(issue):
-            m.d.sync += perf.instructions.eq(perf.instructions + 1)
+            m.d.comb += counting.instructions.eq(1)
             with m.If(kind.end):
                 m.d.comb += running_next.eq(0)
                 m.d.sync += host.done.eq(1)
@@ -296,6 +291,12 @@ class IssueStage(wiring.Component):
                 m.d.sync += [host.pc.eq(host.pc + 1),
                              at_prog_last.eq(host.pc == prog_len_minus_two)]
                 m.d.comb += at_prog_end_next.eq(at_prog_last)
+        # Stalls and issues count a cycle late, from flags registered here: the decision and
+        # its blockers reached the counters' enables, spread over the die, on every run.
+        m.d.sync += counted.eq(counting)
+        for name in data.Layout.cast(CountedEvents).members:
+            with m.If(counted[name]):
+                m.d.sync += perf[name].eq(perf[name] + 1)
         with m.If(stream_.busy):
             m.d.sync += perf.array_rows.eq(perf.array_rows + 1)
         # A row's MACs come a cycle after it (0 in a cycle after none).

@@ -8,8 +8,8 @@ from ..dma import BlockCommand, ReadCommand
 from ..isa import Instruction, Opcode, QuantMode
 
 
-__all__ = ["PerfCounters", "HostLinkSignature", "Fault", "RowRange", "Issued", "UnitSignature",
-           "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
+__all__ = ["PerfCounters", "CountedEvents", "HostLinkSignature", "Fault", "RowRange", "Issued",
+           "UnitSignature", "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
            "status_copy", "KIND_OPCODES", "Kind", "Decoded",
            "decoded_slices", "Issuable", "NextHeadSignature"]
 
@@ -23,6 +23,16 @@ class PerfCounters(data.Struct):
     stall_store:   32   #: issue cycles waiting for the store unit
     stall_array:   32   #: issue cycles waiting for the array (streamer, weights, drain)
     instructions:  32   #: instructions issued (END included)
+
+
+class CountedEvents(data.Struct):
+    """The :class:`PerfCounters` that the issue stage counts a cycle late: a flag each, set
+    in the cycle of the event."""
+    stall_fetch:   1
+    stall_load:    1
+    stall_store:   1
+    stall_array:   1
+    instructions:  1
 
 
 def HostLinkSignature():

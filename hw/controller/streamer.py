@@ -196,6 +196,12 @@ class Streamer(wiring.Component):
         with m.If(cmd.valid):
             m.d.sync += busy.eq(1)
         matmul = cmd.payload.instr.args.matmul
+        # Each slot's rows after its first and whether it has one, formed as it follows the
+        # head (for ``out_left``/``out_last``: the slot mux before a subtraction and a 16-bit
+        # comparison was a path of the 8x8).
+        cmd_left, cmd_single = matmul.rows - 1, matmul.rows == 1
+        slots_left = [Signal(16, name=f"writeback_{i}_left") for i in range(WRITEBACK_SLOTS)]
+        slots_single = [Signal(name=f"writeback_{i}_single") for i in range(WRITEBACK_SLOTS)]
         with m.If(~status.full):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
@@ -203,7 +209,8 @@ class Streamer(wiring.Component):
                     m.d.comb += status.slot_follows[i].eq(1)
                     m.d.sync += [slots[i].acc.eq(cmd.payload.acc),
                                  slots[i].rows.eq(matmul.rows),
-                                 slots[i].accumulate.eq(matmul.accumulate)]
+                                 slots[i].accumulate.eq(matmul.accumulate),
+                                 slots_left[i].eq(cmd_left), slots_single[i].eq(cmd_single)]
         with m.If(free):
             m.d.sync += [
                 spad.eq(cmd.payload.spad), read_addr.eq(cmd.payload.spad.lo + 1),
@@ -251,16 +258,22 @@ class Streamer(wiring.Component):
         # long path.
         out_left = Signal(16)
         out_last = Signal()
-        cmd_rows = matmul.rows
         with m.If(self.result.valid):
             with m.If(pop):
-                rows_next = Mux(queued == 1, cmd_rows,
-                                Mux(head, slots[0].rows, slots[1].rows))
-                m.d.sync += [out_left.eq(rows_next - 1), out_last.eq(rows_next == 1)]
+                m.d.sync += [
+                    out_left.eq(Mux(queued == 1, cmd_left,
+                                    Mux(head, slots_left[0], slots_left[1]))),
+                    out_last.eq(Mux(queued == 1, cmd_single,
+                                    Mux(head, slots_single[0], slots_single[1]))),
+                ]
             with m.Else():
                 m.d.sync += [out_left.eq(out_left - 1), out_last.eq(out_left == 1)]
         with m.Elif(queued == 0):
-            m.d.sync += [out_left.eq(cmd_rows - 1), out_last.eq(cmd_rows == 1)]
+            m.d.sync += [out_left.eq(cmd_left), out_last.eq(cmd_single)]
+        m.d.sync += Assert(Cat(*[~in_use[i] | ((slots_left[i] == (slots[i].rows - 1)[:16]) &
+                                                    (slots_single[i] == (slots[i].rows == 1)))
+                                 for i in range(WRITEBACK_SLOTS)]).all(),
+                           "streamer: a slot's row count copies out of step")
         m.d.sync += Assert(~self.result.valid | (out_last == (out_count == oldest.rows - 1)),
                            "streamer: out_last out of step")
         with m.If(self.result.valid):
