@@ -60,9 +60,7 @@ class DMAReader(wiring.Component):
         # (DMA.soft_reset) drives only its state (its flags, the burst count, the queue), not
         # some two hundred flip-flops over the DMA (routes of 6 to 7.5 ns on the 85F).
         ar_active = Signal()
-        # The address of the row after the one being asked for, a sum kept in a register (the
-        # stride's sum before the next row's geometry was a path of the 8x8).
-        ar_next_row = Signal(32, reset_less=True)
+        ar_row_addr = Signal(32, reset_less=True)
         ar_rows_left = Signal(16, reset_less=True)
         ar_beat_addr = Signal(32, reset_less=True)
         # Beats left of the row: at most read_words, as a command's row_bytes is at most
@@ -119,8 +117,7 @@ class DMAReader(wiring.Component):
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.comb += r_abort_next.eq(0)
             m.d.sync += [
-                ar_active.eq(1), ar_next_row.eq(cmd.addr + cmd.stride),
-                ar_rows_left.eq(cmd.rows),
+                ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(cmd.beats),
                 r_active.eq(1),
                 r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
@@ -144,7 +141,8 @@ class DMAReader(wiring.Component):
         head_ends_row = lengths.head[8]
 
         # Address side: walks the rows and their bursts, ahead of the data.
-        ar_next_aligned, _, ar_next_beats = self._row_geometry(m, ar_next_row, row_bytes,
+        ar_next_row = ar_row_addr + stride
+        ar_next_aligned, _, ar_next_beats = self._row_geometry(m, ar_next_row[:32], row_bytes,
                                                                "rd_next")
         ar_len, ar_len_minus_one, ar_last, ar_after_addr, ar_after_left = self._next_burst(
             m, ar_beat_addr, ar_beats_left, "rd")
@@ -164,7 +162,7 @@ class DMAReader(wiring.Component):
             with m.If(ar_last):
                 m.d.sync += [
                     ar_rows_left.eq(ar_rows_left - 1),
-                    ar_next_row.eq(ar_next_row + stride),
+                    ar_row_addr.eq(ar_next_row),
                     ar_beat_addr.eq(ar_next_aligned),
                     ar_beats_left.eq(ar_next_beats),
                 ]
