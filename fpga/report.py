@@ -493,20 +493,20 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   group of eight registers first), the decoder's head and front registers load in nine
   slices under copies of their valid flags, its bounds' operands are picked in its input
   register and each range check is one carry chain, a read command carries its first
-  row's beats from its requester, and `LOAD_QUANT` checks each lane into a flag of its
-  own. nextpnr's router1 routes it (router2 left several times more failing paths on the
-  same placements: docs/fpga-timing.md). What is left is wire and a few LUT levels: 65 to
-  103 (4x4) and 36 to 307 (8x8) endpoints miss 8 ns on the runs above (`python -m fpga.sta`
-  lists them), the worst by 0.7 to 1.5 ns (4x4) and 0.6 to 1.8 ns (8x8), in small groups
-  that differ from seed to seed: the issue decision into the stall counters, the decoder's
-  head and the streamer (from the accumulator's unseen-write flags); the DMA reader's
-  address side into its burst framing (`reader.py:65` -> `:185`, `:200`); the DMA writer's
-  state into its words; the issue stage's `pc` into its status copies (`pc + 1 ==
-  prog_len`, an adder and a comparison); the streamer's MAC count (`k_used * n_used`, which
-  Yosys puts on a MULT18X18D without registers: on the 8x8 board build, placed far off,
-  it is the only failing path). A plain register on the issue decision or on the reader's
-  command costs more than half a point of the bench's utilization (the cycle model: 1.3
-  and 3.6 points on 16 x 64 x 64).
+  row's beats from its requester, `LOAD_QUANT` checks each lane into a flag of its own,
+  the issue stage flags the program's last instruction a cycle ahead and counts stalls a
+  cycle late (from registered flags), the streamer's MAC count is in LUTs (not on a
+  MULT18X18D) and its write port's choice follows its MATMUL queue a cycle late, the
+  reader frames a one-beat burst from its address registers, and each of the writer's
+  copy sets makes its own row load. nextpnr's router1 routes it (router2 left several
+  times more failing paths on the same placements: docs/fpga-timing.md). What is left is
+  wire and a few LUT levels: 6 to 123 (4x4) and 81 to 183 (8x8) endpoints miss 8 ns on the
+  runs above (`python -m fpga.sta` lists them), in small groups that differ from seed to
+  seed: the fetcher's arbiter into the DMA reader's command registers, the reader's burst
+  framing, the issue decision into the decoder's head and front registers and the status
+  copies, the error arbiter's pc comparisons into `stop_pc`. A plain register on the issue
+  decision or on the reader's command costs more than half a point of the bench's
+  utilization (the cycle model: 1.3 and 3.6 points on 16 x 64 x 64).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
