@@ -91,9 +91,10 @@ class DMAProperties(Elaboratable):
             m.d.comb += port.eq(AnySeq(len(Value.cast(port))))
         self._assume_legal(m, dma.read_cmd, self.read_row_bytes)
         self._assume_legal(m, dma.write_cmd, self.write_row_bytes)
-        read = dma.read_cmd.payload        # a read's beats are its first row's (ReadCommand)
+        read = dma.read_cmd.payload        # its first row's beats, its second row's address
         m.d.comb += Assume(~dma.read_cmd.valid |
-                           (read.beats == row_beats(self.bus_bytes, read.addr, read.row_bytes)))
+                           ((read.beats == row_beats(self.bus_bytes, read.addr, read.row_bytes)) &
+                            (read.next_addr == (read.addr + read.stride)[:32])))
         # Rows come to the writer as the store unit sends them: only once their command is
         # taken, and no more than it has. (The writer takes a row whenever its buffer is
         # empty, whatever its state, and asserts this.)

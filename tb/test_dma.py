@@ -43,13 +43,15 @@ async def _handshake(ctx, stream, timeout=TIMEOUT):
 
 
 def _set_command(ctx, command, addr, rows, row_bytes, stride, bus_bytes=None):
-    """A block command; with ``bus_bytes``, a read's, with its first row's beats."""
+    """A block command; with ``bus_bytes``, a read's, with its first row's beats and its
+    second row's address."""
     ctx.set(command.payload.addr, addr)
     ctx.set(command.payload.rows, rows)
     ctx.set(command.payload.row_bytes, row_bytes)
     ctx.set(command.payload.stride, stride)
     if bus_bytes is not None:
         ctx.set(command.payload.beats, row_beats(bus_bytes, addr, row_bytes))
+        ctx.set(command.payload.next_addr, (addr + stride) % (1 << 32))
 
 
 async def read_block(ctx, dut, addr, rows, row_bytes, stride):

@@ -18,6 +18,7 @@ from sim.amaranth_sim import run_simulation
 PROG_ADDR = 0x1000
 LOAD_CMD = (0x4000, 3, 5, 7)
 LOAD_BEATS = row_beats(CONFIG.bus_bytes, LOAD_CMD[0], LOAD_CMD[2])
+LOAD_EXTRA = {"beats": LOAD_BEATS, "next_addr": LOAD_CMD[0] + LOAD_CMD[3]}
 
 
 def word_at(addr):
@@ -86,6 +87,8 @@ class Bench:
         if cmd_valid:        # a fetch's beats from the fetcher, a load's from the load unit
             assert ctx.get(dut.reader.cmd.payload.beats) == row_beats(
                 CONFIG.bus_bytes, command[0], command[2]), f"cycle {self.cycle}"
+            assert ctx.get(dut.reader.cmd.payload.next_addr) == command[0] + command[3], \
+                f"cycle {self.cycle}"
         assert ctx.get(dut.load.row.valid) == (row and busy[5]), f"cycle {self.cycle}"
         assert ctx.get(dut.load.done) == (done and busy[5]), f"cycle {self.cycle}"
         assert ctx.get(dut.load.error) == error, f"cycle {self.cycle}"
@@ -209,7 +212,8 @@ def test_arbitration_with_load(level):
         ctx.set(dut.load.cmd.valid, 1)
         for name, value in zip(("addr", "rows", "row_bytes", "stride"), LOAD_CMD):
             ctx.set(getattr(dut.load.cmd.payload, name), value)
-        ctx.set(dut.load.cmd.payload.beats, LOAD_BEATS)
+        for name, value in LOAD_EXTRA.items():
+            ctx.set(getattr(dut.load.cmd.payload, name), value)
         bench.fail_after = None
         for _ in range(40):
             await bench.step()
@@ -233,8 +237,8 @@ def test_load_bus_error_stays_the_load_units():
         await fill_one_batch(ctx, dut, bench)
         bench.load_fail_after = 1
         ctx.set(dut.load.cmd.valid, 1)
-        ctx.set(dut.load.cmd.payload, dict(zip(("addr", "rows", "row_bytes", "stride",
-                                                "beats"), LOAD_CMD + (LOAD_BEATS,))))
+        ctx.set(dut.load.cmd.payload, {**dict(zip(("addr", "rows", "row_bytes", "stride"),
+                                                  LOAD_CMD)), **LOAD_EXTRA})
         await bench.step()
         ctx.set(dut.load.cmd.valid, 0)
         await bench.run(10)

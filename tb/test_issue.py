@@ -391,6 +391,8 @@ def test_start_while_busy():
 C = ErrorCode
 # Faults by cycle at pc 5 (the issue stage's: the head's check) and from the load and store
 # units ((code, pc)), while both units are busy; then the error the program stops with.
+# Instructions 0-4 issued before are preloads, but a load and a store at the units' pcs:
+# the arbiter orders the units by which was issued last.
 ARBITER = [
     ("lowest_pc_load", [{"issue": C.SPAD_RANGE, "load": (C.BUS_READ, 3),
                          "store": (C.BUS_WRITE, 4)}], (C.BUS_READ, 3)),
@@ -401,22 +403,34 @@ ARBITER = [
     # it), so the stage's own fault loses to any unit's.
     ("store_before_issue", [{"issue": C.DRAM_RANGE, "store": (C.BUS_WRITE, 4)}],
      (C.BUS_WRITE, 4)),
-    ("tie_load_first", [{"load": (C.BUS_READ, 4), "store": (C.BUS_WRITE, 4)}],
-     (C.BUS_READ, 4)),
+    ("pending_issue_beaten", [{"issue": C.DRAM_RANGE}, {"store": (C.BUS_WRITE, 1)}],
+     (C.BUS_WRITE, 1)),
     ("pending_beaten", [{"store": (C.BUS_WRITE, 4)}, {}, {"load": (C.QUANT, 2)}],
      (C.QUANT, 2)),
     ("pending_kept", [{"load": (C.BUS_READ, 3)}, {"store": (C.BUS_WRITE, 4)}],
      (C.BUS_READ, 3)),
-    ("pending_wins_tie", [{"store": (C.BUS_WRITE, 3)}, {"load": (C.BUS_READ, 3)}],
+    ("pending_store_kept", [{"store": (C.BUS_WRITE, 1)}, {"load": (C.BUS_READ, 3)}],
+     (C.BUS_WRITE, 1)),
+    ("pending_wins_tie", [{"store": (C.BUS_WRITE, 3)}, {"store": (C.QUANT, 3)}],
      (C.BUS_WRITE, 3)),
 ]
 
 
 @pytest.mark.parametrize("name, cycles, expected", ARBITER, ids=[a[0] for a in ARBITER])
-def test_error_arbiter(name, cycles, expected):
+def test_error_arbiter(name, cycles, expected, issued=None):
+    """``issued``: {pc: unit} issued before, if not at the pcs of the units' faults."""
+    if issued is None:
+        issued = {fault[1]: unit for faults in cycles for unit, fault in faults.items()
+                  if unit != "issue"}
+    words = {"load": load_spad(0, 1, 4, 0x1000, 4), "store": store(0, 1, 4, 0x2000, 4)}
+
     async def body(ctx, dut):
         await start(ctx, dut)
-        await issue_preloads(ctx, dut, 5)
+        for pc in range(5):
+            word = words[issued[pc]] if pc in issued else preload(0)
+            set_head(ctx, dut, word)
+            assert ctx.get(dut.decoded.ready) and ctx.get(dut.host.pc) == pc, name
+            await ctx.tick()
         for faults in cycles:
             set_status(ctx, dut, load={"busy": 1}, store={"busy": 1})
             set_head(ctx, dut, preload(0), check=faults.get("issue", C.NONE).value,
@@ -428,6 +442,7 @@ def test_error_arbiter(name, cycles, expected):
             await ctx.tick()
             ctx.set(dut.load.fault.valid, 0)
             ctx.set(dut.store.fault.valid, 0)
+            clear_head(ctx, dut)
             assert (ctx.get(dut.host.busy), ctx.get(dut.fetch.enable)) == (1, 0), name
         set_status(ctx, dut)
         await ctx.tick()
@@ -436,12 +451,18 @@ def test_error_arbiter(name, cycles, expected):
     simulate(body)
 
 
-def test_error_arbiter_asserts_the_units_are_older():
-    """The arbiter compares no pc with the head's: a unit's fault at the head's pc (which no
-    program makes) fails the stage's assertion rather than passing unnoticed."""
-    with pytest.raises(AssertionError, match="a unit's fault not older than the head"):
-        test_error_arbiter("store_at_the_head", [{"issue": C.DRAM_RANGE,
-                                                   "store": (C.BUS_WRITE, 5)}], None)
+@pytest.mark.parametrize("name, faults, issued, message", [
+    # No program makes these: the arbiter orders by issue, and asserts that the pcs agree.
+    ("store_at_the_head", {"issue": C.DRAM_RANGE, "store": (C.BUS_WRITE, 5)}, {}, "3 and 1"),
+    ("store_not_the_one_issued", {"load": (C.BUS_READ, 3), "store": (C.BUS_WRITE, 2)},
+     {2: "load", 3: "store"}, "3 and 2"),
+])
+def test_error_arbiter_asserts_the_order(name, faults, issued, message):
+    """A fault whose pc does not match the order of issue (a unit's at the head's pc, a
+    store older than the load issued before it) fails the stage's assertion rather than
+    passing unnoticed."""
+    with pytest.raises(AssertionError, match=f"error candidates {message} out of order"):
+        test_error_arbiter(name, [faults], None, issued)
 
 
 @pytest.mark.parametrize("holding", [

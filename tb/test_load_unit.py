@@ -9,6 +9,7 @@ import pytest
 from controller_blocks import CONFIG, READ_ROW_BYTES, command_of, offer, pack
 from error_cases import load_acc, load_quant, load_spad
 from hw.controller.load_unit import LoadUnit
+from hw.dma import row_beats
 from hw.isa import ErrorCode, QuantMode
 from sim.amaranth_sim import run_simulation
 
@@ -38,6 +39,11 @@ def run_load(word, *, accept_at=3, row_cycles=(6, 7, 9), payloads=None, done_at=
             ctx.set(dut.reader.error, error and cycle == done_at)
             status, fault = ctx.get(dut.issue.status), ctx.get(dut.issue.fault)
             quant = ctx.get(dut.quant.payload)
+            if ctx.get(dut.reader.cmd.valid):       # what the reader asserts, made by the unit
+                addr, _, row_bytes, stride = command_of(ctx, dut.reader.cmd)
+                assert ctx.get(dut.reader.cmd.payload.beats) == \
+                    row_beats(CONFIG.bus_bytes, addr, row_bytes)
+                assert ctx.get(dut.reader.cmd.payload.next_addr) == (addr + stride) % (1 << 32)
             trace.append({
                 "busy": (status.busy, status.to_spad, status.to_acc),
                 "local": (status.spad.lo, status.spad.hi),

@@ -1,7 +1,7 @@
 """The fetcher: reads the program ahead for the decoder and its instruction queue, sharing
 the DMA reader with the load unit."""
 
-from amaranth.hdl import Assert, Module, Mux, Signal
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -114,6 +114,16 @@ class Fetcher(wiring.Component):
         m.d.sync += Assert(held + word_in - words.taken <= FETCH_DEPTH,
                            "instruction queue overflow")
         m.d.sync += held.eq(held + word_in - words.taken)
+        # ``held`` as a thermometer (bit i: held > i), shifted as words come and go: the
+        # arbiter's watermarks are single bits of it, not compares of the count after its
+        # adder (the count's compares before the grant were paths into the reader).
+        held_above = Signal(FETCH_DEPTH)
+        with m.If(word_in & ~words.taken):
+            m.d.sync += held_above.eq(Cat(1, held_above[:-1]))
+        with m.If(words.taken & ~word_in):
+            m.d.sync += held_above.eq(held_above[1:])
+        m.d.sync += Assert(held_above == Cat(*[held > i for i in range(FETCH_DEPTH)]),
+                           "fetcher: the held thermometer out of step")
 
         # The next fetch, kept in registers as the fetcher moves on, so that no sum or
         # comparison lies between the grant and the reader: the DRAM address of the next
@@ -161,7 +171,7 @@ class Fetcher(wiring.Component):
         fetch_rows = Signal(range(FETCH_BURST + 1))
         m.d.comb += fetch_rows.eq(Mux(fetch_full, FETCH_BURST, fetch_left))
         fetch_want = (control.enable & ~refetch & ~fetch_stop &
-                      fetch_more & (held <= self.high_water))
+                      fetch_more & ~held_above[self.high_water])
         grant_fetch = Signal()
         grant_load = Signal()
         # The reader is idle from the cycle after its ``done`` (and after a reset), so a
@@ -170,7 +180,7 @@ class Fetcher(wiring.Component):
         # far away (a path of 19 ns on the 85F). Asserted below.
         m.d.comb += control.reader_busy.eq(reader_busy)
         with m.If(~reader_busy & ~control.halt):
-            with m.If(fetch_want & (~load.cmd.valid | (held < FETCH_LOW_WATER))):
+            with m.If(fetch_want & (~load.cmd.valid | ~held_above[FETCH_LOW_WATER - 1])):
                 m.d.comb += grant_fetch.eq(1)
             with m.Elif(load.cmd.valid):
                 m.d.comb += grant_load.eq(1)
@@ -183,6 +193,7 @@ class Fetcher(wiring.Component):
                 reader.cmd.payload.stride.eq(INSTR_BYTES),
                 # An instruction's beats, at any address aligned to its size.
                 reader.cmd.payload.beats.eq(row_beats(self.bus_bytes, 0, INSTR_BYTES)),
+                reader.cmd.payload.next_addr.eq(fetch_addr + INSTR_BYTES),
             ]
         with m.Else():
             m.d.comb += reader.cmd.payload.eq(load.cmd.payload)
@@ -250,5 +261,5 @@ class Fetcher(wiring.Component):
                          fetch_more.eq(control.prog_len != 0),
                          fetch_full.eq(control.prog_len >= FETCH_BURST)]
         with m.If(words.flush):
-            m.d.sync += [held.eq(0), words.word.valid.eq(0)]
+            m.d.sync += [held.eq(0), held_above.eq(0), words.word.valid.eq(0)]
         return m

@@ -88,12 +88,10 @@ class IssueStage(wiring.Component):
         halting = Signal()           # a soft reset is pending (the core reset clears it)
         with m.If(host.soft_reset):
             m.d.sync += halting.eq(1)
-        # The host's start pulse and program registers sit by its AXI4-Lite port, far from
-        # here (the host's start through the fetcher's first fetch was the NPU's longest
-        # path): the stage takes them through flip-flops of its own, so the run begins a cycle
-        # after the host's pulse, from local registers, and the program's check is made from
-        # the copies a cycle after them. The program registers do not change in the cycle of a
-        # start (HostLinkSignature), so both are current then (asserted).
+        # The host's start and program registers (by its AXI4-Lite port, far from here) pass
+        # flip-flops of the stage's own: the run begins a cycle after the host's pulse, the
+        # check a cycle after the copies. The program registers do not change in the cycle of
+        # a start (HostLinkSignature), so both are current then (asserted).
         start_seen, prog_addr_seen, prog_len_seen = Signal(), Signal(32), Signal(32)
         m.d.sync += [start_seen.eq(host.start), prog_addr_seen.eq(host.prog_addr),
                      prog_len_seen.eq(host.prog_len)]
@@ -185,9 +183,8 @@ class IssueStage(wiring.Component):
                           against(f"acc_vs_slot{i}", overlaps, acc_of,
                                   pair(stream_.writes[i].acc), stream_.slot_follows[i])
                           for i in range(WRITEBACK_SLOTS)]).any()
-        # Each is one flip-flop, the write's valid flag folded into the comparison made a
-        # cycle ahead: the valid flags of the accumulator's stages sit by its block RAM,
-        # across the die (asserted equal to the comparison with a head, while running).
+        # Each is one flip-flop, the write's valid flag folded into the comparison made a cycle
+        # ahead (the valid flags sit by the accumulator, across the die; asserted).
         unseen_next = [stream_.writing, stream_.unseen[0]]
         assert len(unseen_next) == len(stream_.unseen)
         for i, (write, unseen) in enumerate(zip(unseen_next, stream_.unseen)):
@@ -224,18 +221,20 @@ class IssueStage(wiring.Component):
 
         # ------------------------------------------------------------ issue
         # The decision: the run may issue (``go``, no ``refetch``) and the head's kind while
-        # valid and not faulty (the decoder's ``issuable``) waits for none of its units,
-        # each from copies made for it (the originals, placed by their other loads, had
-        # routes before the decision's LUTs on the 4x4's longest paths). The chain below
-        # (errors, stall counts) decides the same (asserted).
+        # valid and not faulty (the decoder's ``issuable``) waits for none of its units, each
+        # from copies made for it. The chain below (errors, stalls) decides the same (asserted).
         go = status_copy(m, "issue_go",
                          running & ~stopping & ~start_while_busy & ~at_prog_end,
                          running_next & ~stopping_next & ~start_while_busy_next &
                          ~at_prog_end_next)
-        issuable, issue = self.next_head.issuable, Signal()
-        m.d.comb += issue.eq(go & ~self.fetch.refetch &
-                             Cat(*[issuable[name] & ~Cat(*terms).any()
-                                   for name, terms in waits.items()]).any())
+        # ``advance``: an issue of anything but END (kinds are one-hot), the pc's enable, formed
+        # beside ``issue`` (``issue & ~kind.end`` into the pc was a path of the 8x8).
+        issuable, issue, advance = self.next_head.issuable, Signal(), Signal()
+        for flag, kinds in ((issue, waits), (advance, [k for k in waits if k != "end"])):
+            m.d.comb += flag.eq(go & ~self.fetch.refetch &
+                                Cat(*[issuable[name] & ~Cat(*waits[name]).any()
+                                      for name in kinds]).any())
+        m.d.sync += Assert(advance == (issue & ~kind.end), "issue stage: advance out of step")
         decided, issue_fault = Signal(), Signal(Fault)
         m.d.comb += issue_fault.pc.eq(host.pc)
 
@@ -287,10 +286,9 @@ class IssueStage(wiring.Component):
             with m.If(kind.end):
                 m.d.comb += running_next.eq(0)
                 m.d.sync += host.done.eq(1)
-            with m.Else():
-                m.d.sync += [host.pc.eq(host.pc + 1),
-                             at_prog_last.eq(host.pc == prog_len_minus_two)]
-                m.d.comb += at_prog_end_next.eq(at_prog_last)
+        with m.If(advance):
+            m.d.sync += [host.pc.eq(host.pc + 1), at_prog_last.eq(host.pc == prog_len_minus_two)]
+            m.d.comb += at_prog_end_next.eq(at_prog_last)
         # Stalls and issues count a cycle late, from flags registered here: the decision and
         # its blockers reached the counters' enables, spread over the die, on every run.
         m.d.sync += counted.eq(counting)
@@ -299,7 +297,7 @@ class IssueStage(wiring.Component):
                 m.d.sync += perf[name].eq(perf[name] + 1)
         with m.If(stream_.busy):
             m.d.sync += perf.array_rows.eq(perf.array_rows + 1)
-        # A row's MACs come a cycle after it (0 in a cycle after none).
+        # A row's MACs come two cycles after it (0 after none).
         m.d.sync += perf.useful_macs.eq(perf.useful_macs + stream_.macs)
 
         m.d.comb += [
@@ -327,47 +325,49 @@ class IssueStage(wiring.Component):
         # ``refetch`` is high, and in its first cycle, the one after the store's issue (pc
         # moved), the store unit is busy.
         pc_moved = Signal()
-        m.d.sync += pc_moved.eq(issue & ~kind.end)
+        m.d.sync += pc_moved.eq(advance)
         m.d.sync += Assert(~(pc_moved & self.fetch.refetch & ~store.busy),
                            "issue stage: the fetcher may refetch from a pc that just moved")
 
         # ------------------------------------------------------------ errors, stop
         # The earliest error in program order among the pending one and this cycle's: the
-        # lowest pc, the first in this order on a tie. The candidates' pcs are compared
-        # pairwise, side by side, so that the comparisons do not form a chain. The issue
-        # stage's own fault is the youngest: its pc is the head's, and every unit holds an
-        # instruction issued before it (pcs only grow in a run), and it comes only while no
-        # error is pending; so its pc is compared with none (the comparisons of the pc with
-        # the units' were the 4x4's longest path, into ``stop_pc``; asserted).
+        # lowest pc, the first in this order on a tie. Their order comes from age bits, not
+        # pc compares (the 32-bit compares of the units' pcs were the 8x8's longest paths,
+        # into ``stop_pc``): pcs only grow in a run, so the unit issued last holds the
+        # higher pc (``store_newer``); the stage's own fault is the youngest (its pc is the
+        # head's, it comes only while no error is pending); the pending one's order is its
+        # source's (``stop_from_*``), and nothing issues while it is pending. Asserted.
         candidates = [(stopping, stop_code, stop_pc)]
         for fault in (issue_fault, self.load.fault, self.store.fault):
             candidates.append((fault.valid, fault.code, fault.pc))
-        below = {(1, 0): Const(0), (2, 1): Const(1), (3, 1): Const(1)}
-        for a, (_, _, pc_a) in enumerate(candidates):      # below[a, b]: pc_a < pc_b, a > b
-            for b, (_, _, pc_b) in enumerate(candidates[:a]):
-                if (a, b) not in below:
-                    below[a, b] = Signal(name=f"error_pc_below_{a}_{b}")
-                    m.d.comb += below[a, b].eq(pc_a < pc_b)
-        m.d.sync += Assert(~(issue_fault.valid & stopping),
-                           "issue stage: a fault while an error is pending")
-        for unit in (self.load, self.store):
-            m.d.sync += Assert(~(issue_fault.valid & unit.fault.valid) |
-                               (unit.fault.pc < host.pc),
-                               "issue stage: a unit's fault not older than the head")
-        # At most one candidate wins: the winner's code and pc are an AND-OR of all, not a
-        # chain of multiplexers.
+        store_newer = Signal()
+        with m.If(self.store.cmd.valid | self.load.cmd.valid):
+            m.d.sync += store_newer.eq(self.store.cmd.valid)
+        stop_from = [Signal(name=f"stop_from_{n}") for n in ("issue", "load", "store")]
+        below = {(1, 0): Const(0), (2, 1): Const(1), (3, 1): Const(1),     # pc_a < pc_b
+                 (2, 0): stop_from[0] | (stop_from[2] & store_newer),
+                 (3, 0): stop_from[0] | (stop_from[1] & ~store_newer),
+                 (3, 2): ~store_newer}
+        for (a, b), a_below_b in below.items():
+            m.d.sync += Assert(~(candidates[a][0] & candidates[b][0]) |
+                               (a_below_b == (candidates[a][2] < candidates[b][2])),
+                               f"issue stage: error candidates {a} and {b} out of order")
+        m.d.sync += Assert(~(issue_fault.valid & stopping), "issue stage: a fault while pending")
+        # At most one candidate wins: its code and pc are an AND-OR of all, not a mux chain.
         best_valid = Cat(*[valid for valid, _, _ in candidates]).any()
-        best_code, best_pc = 0, 0
+        best_code, best_pc, wins = 0, 0, []
         for k, (valid_k, code_k, pc_k) in enumerate(candidates):
             beaten_by = [candidates[j][0] & ~below[k, j] for j in range(k)]       # pc_j <= pc_k
             beaten_by += [candidates[j][0] & below[j, k] for j in range(k + 1, len(candidates))]
-            wins = Signal(name=f"error_candidate_{k}_wins")
-            m.d.comb += wins.eq(valid_k & ~Cat(*beaten_by).any())
-            best_code = best_code | Mux(wins, code_k, 0)
-            best_pc = best_pc | Mux(wins, pc_k, 0)
+            wins.append(Signal(name=f"error_candidate_{k}_wins"))
+            m.d.comb += wins[k].eq(valid_k & ~Cat(*beaten_by).any())
+            best_code = best_code | Mux(wins[k], code_k, 0)
+            best_pc = best_pc | Mux(wins[k], pc_k, 0)
         with m.If(running):
             m.d.comb += stopping_next.eq(best_valid)
             m.d.sync += [stop_code.eq(best_code), stop_pc.eq(best_pc)]
+            for k, source in enumerate(stop_from, start=1):
+                m.d.sync += source.eq((wins[0] & source) | wins[k])
         all_idle = (~load.busy & ~weights.busy & drained & ~store.busy &
                     ~self.fetch.reader_busy & ~self.fetch.refetch)
         with m.If(running & stopping & all_idle):

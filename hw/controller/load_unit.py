@@ -78,6 +78,7 @@ class LoadUnit(wiring.Component):
         row_bytes = Signal(16, reset_less=True)
         addr = Signal(32, reset_less=True)
         stride = Signal(32, reset_less=True)
+        next_addr = Signal(32, reset_less=True)   # addr + stride (ReadCommand)
         # The first row's beats on the bus, for the reader's command (ReadCommand), summed
         # as the registers follow the head.
         beats = Signal(17, reset_less=True)
@@ -122,6 +123,7 @@ class LoadUnit(wiring.Component):
                     rows.eq(2), row_bytes.eq(quant.row_bytes), addr.eq(quant.dram_addr),
                     beats.eq(row_beats(bus_bytes, quant.dram_addr, quant.row_bytes)),
                     stride.eq(quant.dram_stride), zero_point.eq(quant.zero_point),
+                    next_addr.eq(quant.dram_addr + quant.dram_stride),
                     mode.eq(quant.mode), act_min.eq(quant.act_min), act_max.eq(quant.act_max),
                 ]
             with m.Else():
@@ -130,7 +132,7 @@ class LoadUnit(wiring.Component):
                     local.eq(load.local_addr), row_addr.eq(load.local_addr), rows.eq(load.rows),
                     row_bytes.eq(load.row_bytes), addr.eq(load.dram_addr),
                     beats.eq(row_beats(bus_bytes, load.dram_addr, load.row_bytes)),
-                    stride.eq(load.dram_stride),
+                    stride.eq(load.dram_stride), next_addr.eq(load.dram_addr + load.dram_stride),
                 ]
 
         m.d.comb += [
@@ -140,6 +142,7 @@ class LoadUnit(wiring.Component):
             reader.cmd.payload.row_bytes.eq(row_bytes),
             reader.cmd.payload.stride.eq(stride),
             reader.cmd.payload.beats.eq(beats),
+            reader.cmd.payload.next_addr.eq(next_addr),
         ]
         with m.If(reader.cmd.valid & reader.cmd.ready):
             m.d.sync += sent.eq(1)

@@ -40,7 +40,7 @@ class StreamStatus(data.Struct):
     busy:      1    #: reading an activation row in this cycle
     free:      1    #: a MATMUL issued now streams right behind (idle, or on its last row)
     spad:      RowRange   #: the scratchpad rows it reads
-    macs:      32   #: useful MACs (k_width x n_width) of the row read a cycle before, or 0
+    macs:      32   #: useful MACs (k_width x n_width) of the row two cycles before, or 0
     full:      1    #: every writeback slot holds a MATMUL
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
@@ -102,8 +102,8 @@ class Streamer(wiring.Component):
         last = Signal()
         rows_after = Signal(16)
         # The MATMUL's widths, registered at its issue; the useful MACs of a row are their
-        # product, registered in the cycle it is read (``macs``, for the perf counter, a
-        # cycle after the row, ``product_in_luts``): the multiplier is not at the end of
+        # product, registered after the cycle it is read (``macs``, for the perf counter, two
+        # cycles after the row, ``product_in_luts``): the multiplier is not at the end of
         # the head's operands and the widths' defaults (that path was the 4x4's longest).
         k_used = Signal(range(rows + 1))
         n_used = Signal(range(cols + 1))
@@ -218,7 +218,11 @@ class Streamer(wiring.Component):
                 k_used.eq(Mux(matmul.k_width == 0, rows, matmul.k_width)),
                 n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
-        m.d.sync += macs.eq(Mux(busy, product_in_luts(k_used, n_used), 0))
+        # The product passes a register of its own (by the widths) before ``macs`` (by the
+        # counter): from the widths to ``macs`` in one cycle was a path of the 8x8.
+        row_macs, read_before = Signal(32), Signal()
+        m.d.sync += [row_macs.eq(product_in_luts(k_used, n_used)), read_before.eq(busy),
+                     macs.eq(Mux(read_before, row_macs, 0))]
         # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
         # free now and no MATMUL issues or one of one row does, or on the row before the last.
         status_busy = status_copy(m, "stream_busy", busy, busy_next)

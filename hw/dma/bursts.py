@@ -33,15 +33,16 @@ class BlockCommand(data.Struct):
 
 class ReadCommand(data.Struct):
     """A :class:`BlockCommand` for the reader, with its first row's beats on the bus
-    (:func:`row_beats` of ``addr`` and ``row_bytes``), which the requester makes from its
-    own registers before it asks: the reader's first burst needs them in the cycle after
-    the command, and their sum after the requesters' arbiter was a long path. The reader
-    asserts them."""
+    (:func:`row_beats` of ``addr`` and ``row_bytes``) and its second row's address
+    (``addr + stride``, modulo 2**32), which the requester makes from its own registers
+    before it asks: the reader needs them in the cycle after the command, and sums after
+    the requesters' arbiter were long paths. The reader asserts them."""
     addr:      32
     rows:      16
     row_bytes: 16
     stride:    32
     beats:     17
+    next_addr: 32
 
 
 def ceil_div(a, b):

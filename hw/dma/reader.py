@@ -61,6 +61,11 @@ class DMAReader(wiring.Component):
         # some two hundred flip-flops over the DMA (routes of 6 to 7.5 ns on the 85F).
         ar_active = Signal()
         ar_row_addr = Signal(32, reset_less=True)
+        # The next row's address, in a register: the command brings its first (``next_addr``,
+        # made by the requester), each row end adds the stride to it (the sum after the
+        # stride's register, then the row's geometry, into the burst registers was a path
+        # of the 8x8; a sum after the requesters' arbiter was one too).
+        ar_next_row = Signal(32, reset_less=True)
         ar_rows_left = Signal(16, reset_less=True)
         ar_beat_addr = Signal(32, reset_less=True)
         # Beats left of the row: at most read_words, as a command's row_bytes is at most
@@ -112,12 +117,14 @@ class DMAReader(wiring.Component):
         m.d.sync += Assert(~self.cmd.valid | (cmd.row_bytes <= self.row_bytes),
                            "a DMA read command with rows wider than the reader's")
         first_aligned, _, first_beats = self._row_geometry(m, cmd.addr, cmd.row_bytes, "rd_first")
-        m.d.sync += Assert(~self.cmd.valid | (cmd.beats == first_beats),
-                           "a DMA read command whose beats are not its first row's")
+        m.d.sync += Assert(~self.cmd.valid | ((cmd.beats == first_beats) &
+                                              (cmd.next_addr == (cmd.addr + cmd.stride)[:32])),
+                           "a DMA read command whose beats or next row are not its own")
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.comb += r_abort_next.eq(0)
             m.d.sync += [
-                ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_rows_left.eq(cmd.rows),
+                ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_next_row.eq(cmd.next_addr),
+                ar_rows_left.eq(cmd.rows),
                 ar_beat_addr.eq(first_aligned), ar_beats_left.eq(cmd.beats),
                 r_active.eq(1),
                 r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
@@ -141,8 +148,9 @@ class DMAReader(wiring.Component):
         head_ends_row = lengths.head[8]
 
         # Address side: walks the rows and their bursts, ahead of the data.
-        ar_next_row = ar_row_addr + stride
-        ar_next_aligned, _, ar_next_beats = self._row_geometry(m, ar_next_row[:32], row_bytes,
+        m.d.sync += Assert(~ar_active | (ar_next_row == (ar_row_addr + stride)[:32]),
+                           "DMA reader: the next row's address out of step")
+        ar_next_aligned, _, ar_next_beats = self._row_geometry(m, ar_next_row, row_bytes,
                                                                "rd_next")
         ar_len, ar_len_minus_one, ar_last, ar_after_addr, ar_after_left = self._next_burst(
             m, ar_beat_addr, ar_beats_left, "rd")
@@ -162,7 +170,7 @@ class DMAReader(wiring.Component):
             with m.If(ar_last):
                 m.d.sync += [
                     ar_rows_left.eq(ar_rows_left - 1),
-                    ar_row_addr.eq(ar_next_row),
+                    ar_row_addr.eq(ar_next_row), ar_next_row.eq(ar_next_row + stride),
                     ar_beat_addr.eq(ar_next_aligned),
                     ar_beats_left.eq(ar_next_beats),
                 ]
