@@ -178,17 +178,14 @@ class Fetcher(wiring.Component):
         # command offered while ``reader_busy`` is low is taken at once: the fetcher does not
         # wait for the reader's ``cmd.ready``, which comes from flip-flops placed by the DMA,
         # far away (a path of 19 ns on the 85F). Asserted below.
-        # The payload is the fetch's when it would be granted, the reader idle or not (the
-        # reader's registers follow it while idle): the grant's other terms select nothing.
         m.d.comb += control.reader_busy.eq(reader_busy)
-        fetch_first = fetch_want & (~load.cmd.valid | ~held_above[FETCH_LOW_WATER - 1])
         with m.If(~reader_busy & ~control.halt):
-            with m.If(fetch_first):
+            with m.If(fetch_want & (~load.cmd.valid | ~held_above[FETCH_LOW_WATER - 1])):
                 m.d.comb += grant_fetch.eq(1)
             with m.Elif(load.cmd.valid):
                 m.d.comb += grant_load.eq(1)
         m.d.comb += reader.cmd.valid.eq(grant_fetch | grant_load)
-        with m.If(fetch_first):
+        with m.If(grant_fetch):
             m.d.comb += [
                 reader.cmd.payload.addr.eq(fetch_addr),
                 reader.cmd.payload.rows.eq(fetch_rows),

@@ -120,20 +120,17 @@ class DMAReader(wiring.Component):
         m.d.sync += Assert(~self.cmd.valid | ((cmd.beats == first_beats) &
                                               (cmd.next_addr == (cmd.addr + cmd.stride)[:32])),
                            "a DMA read command whose beats or next row are not its own")
-        # While idle, the command's registers follow the payload (read only once active): the
-        # handshake, late in its cycle (the requesters' grant), enables only the flags, not
-        # these two hundred flip-flops (its route to them was a path of the 4x4).
-        with m.If(self.idle):
-            m.d.sync += [
-                ar_row_addr.eq(cmd.addr), ar_next_row.eq(cmd.next_addr),
-                ar_rows_left.eq(cmd.rows),
-                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(cmd.beats),
-                r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
-                row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
-            ]
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.comb += r_abort_next.eq(0)
-            m.d.sync += [ar_active.eq(1), r_active.eq(1), r_error.eq(0)]
+            m.d.sync += [
+                ar_active.eq(1), ar_row_addr.eq(cmd.addr), ar_next_row.eq(cmd.next_addr),
+                ar_rows_left.eq(cmd.rows),
+                ar_beat_addr.eq(first_aligned), ar_beats_left.eq(cmd.beats),
+                r_active.eq(1),
+                r_start_rows.eq(cmd.rows), r_start_offset.eq(cmd.addr[:lg]),
+                r_error.eq(0),
+                row_bytes.eq(cmd.row_bytes), stride.eq(cmd.stride),
+            ]
         m.d.sync += r_start.eq(self.cmd.valid & self.cmd.ready)
         with m.If(r_start):
             m.d.sync += [
