@@ -42,12 +42,10 @@ __all__ = ["BOARDS", "BoardTop", "board_pll", "board_plan", "build_board", "CLOC
 
 #: The board's default NPU clock in MHz, what the PLL makes from the 25 MHz oscillator
 #: (exactly: ``tb/test_fpga.py`` checks it). It is what the 8x8's board build meets on the
-#: tree it was set for (e5e8aa3: 71.47 MHz on the board's own placement, the same at a 90 and
-#: a 70 MHz constraint), below the 102 to 116 MHz of the out-of-context runs: on the board's
-#: placement one path, the streamer's MAC count through a MULT18X18D without registers placed
-#: far off, is 14 ns; every other path met 90 MHz (docs/fpga-timing.md). Set it again when
-#: that changes.
-CLOCK_MHZ = 70
+#: tree it was set for (568e8c2: 103.09 MHz on the board's own placement at a 90 MHz
+#: constraint; 87f957f met it too, at 92.63), below the 104 to 116 MHz of the out-of-context
+#: runs (docs/fpga-timing.md). Set it again when that changes.
+CLOCK_MHZ = 90
 
 
 def _npu_platform(base):

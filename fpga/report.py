@@ -493,20 +493,25 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   group of eight registers first), the decoder's head and front registers load in nine
   slices under copies of their valid flags, its bounds' operands are picked in its input
   register and each range check is one carry chain, a read command carries its first
-  row's beats from its requester, `LOAD_QUANT` checks each lane into a flag of its own,
-  the issue stage flags the program's last instruction a cycle ahead and counts stalls a
-  cycle late (from registered flags), the streamer's MAC count is in LUTs (not on a
-  MULT18X18D) and its write port's choice follows its MATMUL queue a cycle late, the
-  reader frames a one-beat burst from its address registers, and each of the writer's
-  copy sets makes its own row load. nextpnr's router1 routes it (router2 left several
-  times more failing paths on the same placements: docs/fpga-timing.md). What is left is
-  wire and a few LUT levels: 6 to 123 (4x4) and 81 to 183 (8x8) endpoints miss 8 ns on the
-  runs above (`python -m fpga.sta` lists them), in small groups that differ from seed to
-  seed: the fetcher's arbiter into the DMA reader's command registers, the reader's burst
-  framing, the issue decision into the decoder's head and front registers and the status
-  copies, the error arbiter's pc comparisons into `stop_pc`. A plain register on the issue
-  decision or on the reader's command costs more than half a point of the bench's
-  utilization (the cycle model: 1.3 and 3.6 points on 16 x 64 x 64).
+  row's beats and its second row's address from its requester (the reader steps the next
+  row's address in a register), `LOAD_QUANT` checks each lane into a flag of its own,
+  the issue stage flags the program's last instruction a cycle ahead, counts stalls a
+  cycle late (from registered flags), forms the pc's enable beside the decision and orders
+  errors by age bits (no pc compares), the streamer's MAC count is in LUTs (not on a
+  MULT18X18D) and passes a register of its own, its write port's choice follows its
+  MATMUL queue a cycle late, the fetcher's watermarks are bits of a thermometer of the
+  words it holds, the reader frames a one-beat burst from its address registers, and each
+  of the writer's copy sets makes its own row load. nextpnr's router1 routes it (router2
+  left several times more failing paths on the same placements: docs/fpga-timing.md). What
+  is left is wire and a few LUT levels: 1 to 28 (4x4) and 28 to 386 (8x8) endpoints miss
+  8 ns on the runs above (`python -m fpga.sta` lists them), most from one place: the
+  issue decision (from its hazard flags and status copies, about four LUT levels) into the
+  registers it enables across the die (the decoder's head and front slices and their
+  valid copies, the units' command registers, the hazard flags themselves), 6.3 to 7.6 ns
+  of it routing; the rest in small groups (the 8x8 seed 3's: the requantizer's masks, the
+  reader's burst framing). A plain register on the issue decision or on the reader's command costs
+  more than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points
+  on 16 x 64 x 64).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
@@ -625,8 +630,8 @@ flow) rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal a
 since `42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
 MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
 oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 70 MHz, what the 8x8's board build met on `e5e8aa3`: 71.47 MHz, one path
-short of 90 MHz; the board's own place and route reports its Fmax at the end of this page
+`fpga/board.py`, 90 MHz, what the 8x8's board build met on `568e8c2`: 103.09 MHz at a 90
+MHz constraint; the board's own place and route reports its Fmax at the end of this page
 when a build has finished; nextpnr's router1, as the flow), with the divisors Project
 Trellis' `ecppll` would
 choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
