@@ -273,7 +273,7 @@ class Requantizer(wiring.Component):
         add_5 = delayed(~floating | round_up, 1, "add", (3, 4, 5))
         overflow_5 = delayed((x_2 == INT32_MIN) & (factor == INT32_MIN), 1, "overflow",
                              (3, 4, 5))
-        point_5 = delayed(point_2, signed(10), "point", (3, 4, 5))
+        point_4 = delayed(point_2, signed(10), "point", (3, 4))
         sign_5 = delayed(sign_2, 1, "sign", (3, 4, 5))
 
         # 6: the middle sum; the addend added to the outer products.
@@ -293,7 +293,7 @@ class Requantizer(wiring.Component):
         bounds = clamp_bounds(stage, params)
         fixed = self._fixed_stages(m, lane, stage, product_7[31:].as_signed(), right, top,
                                    below, params, bounds)
-        float_ = float_stages(m, lane, stage, delayed, point_5, sign_5, product_7[:48],
+        float_ = float_stages(m, lane, stage, delayed, point_4, sign_5, product_7[:48],
                               params, bounds, self._rounds_up)
         return Mux(floating, float_, fixed)
 

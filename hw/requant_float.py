@@ -87,30 +87,50 @@ def clamp_bounds(stage, params):
         ("below_negative", zero_point - act_max)]}
 
 
-def float_stages(m, lane, stage, delayed, point_5, sign_5, product_7, params, bounds,
+def float_stages(m, lane, stage, delayed, point_4, sign_5, product_7, params, bounds,
                  rounds_up):
     """The float mode's stages of lane ``lane`` of ``m``: from the integer point's position
-    and the sign in stage 5's registers and ``P`` in stage 7's, the clamped value (stage 10,
-    to register as the result). ``stage`` and ``delayed`` make the lane's registers (as in
-    :class:`~hw.requant.Requantizer`); ``params`` are the lane's copies of the parameters,
-    ``bounds`` its :func:`clamp_bounds`; ``rounds_up`` is :func:`rounds_up` or a test's
-    broken one."""
+    in stage 4's registers, the sign in stage 5's and ``P`` in stage 7's, the clamped value
+    (stage 10, to register as the result). ``stage`` and ``delayed`` make the lane's
+    registers (as in :class:`~hw.requant.Requantizer`); ``params`` are the lane's copies of
+    the parameters, ``bounds`` its :func:`clamp_bounds`; ``rounds_up`` is :func:`rounds_up`
+    or a test's broken one."""
     zero_point, act_min, act_max = (params[name] for name in ("zero_point", "act_min",
                                                               "act_max"))
 
-    # 6 and 7 (beside the partial sums): the integer point decoded (one-hot), and whether
-    # |f| >= 256 (saturated): the point at most 8 bits below P's leading one.
-    select_7 = delayed(Cat(point_5 == FIRST_POINT + index for index in range(POINTS)),
+    # 5: the point decoded in two parts, its eighths (p >> 3 > k, == k for the eighths the
+    # tests below meet) and its low three bits (>= j, == j), so that in stage 6 each test
+    # of the point against a constant c is one LUT of three flags: p == c is the eighth
+    # and the low bits equal, p >= c the eighth above, or equal and the low bits >= c % 8.
+    # (From the point in one cycle, ABC chained the nested comparisons of the mask through
+    # seven LUTs: 4 failing endpoints of an 8x8 run.)
+    high, low = point_4[3:].as_signed(), point_4[:3]
+    eighths = range(24 >> 3, (FIRST_POINT + POINTS) // 8 + 1)
+    high_above = stage(Cat(high > k for k in eighths), len(eighths), "high_above_5")
+    high_is = stage(Cat(high == k for k in eighths), len(eighths), "high_is_5")
+    # (low >= 0 is a constant, written so: Verilator's lint warns of constant comparisons.)
+    low_from = stage(Cat(Const(1, 1), *(low >= j for j in range(1, 8))), 8, "low_from_5")
+    low_is = stage(Cat(low == j for j in range(8)), 8, "low_is_5")
+
+    def at_least(c):                 # p >= c
+        k = (c >> 3) - eighths.start
+        return high_above[k] | (high_is[k] & low_from[c & 7])
+
+    def equals(c):                   # p == c
+        return high_is[(c >> 3) - eighths.start] & low_is[c & 7]
+
+    # 6 and 7 (beside the partial sums): the integer point one-hot, and whether |f| >= 256
+    # (saturated): the point at most 8 bits below P's leading one.
+    select_7 = delayed(Cat(equals(FIRST_POINT + index) for index in range(POINTS)),
                        POINTS, "select", (6, 7))
-    saturate_46_7 = delayed(point_5 <= 46 - 8, 1, "saturate_46", (6, 7))
-    saturate_47_7 = delayed(point_5 <= 47 - 8, 1, "saturate_47", (6, 7))
+    saturate_46_7 = delayed(~at_least(46 - 8 + 1), 1, "saturate_46", (6, 7))
+    saturate_47_7 = delayed(~at_least(47 - 8 + 1), 1, "saturate_47", (6, 7))
     sign_7 = delayed(sign_5, 1, "sign", (6, 7))
     # Beside them the middle bits' mask at that point (P's bits 24 to point - 2), so that
-    # stage 8 tests the point's middle bits alone: one AND-OR of 23 bits each (tested for
-    # every point, nested ranges that ABC chained through seven LUTs: the 8x8's worst
-    # path). Outside the window nothing reads the tests: above it `twice` is 0 and so is
-    # the round-up (the result is the zero point), below it the result saturates.
-    middle_mask_7 = delayed(Cat(point_5 >= bit + 2 for bit in range(24, 47)), 23,
+    # stage 8 tests the point's middle bits alone: one AND-OR of 23 bits each. Outside the
+    # window nothing reads the tests: above it `twice` is 0 and so is the round-up (the
+    # result is the zero point), below it the result saturates.
+    middle_mask_7 = delayed(Cat(at_least(bit + 2) for bit in range(24, 47)), 23,
                             "middle_mask", (6, 7))
 
     # 8 and 9: the window. The float32 product keeps P[24:48] (top = 47) or P[23:47];

@@ -219,10 +219,11 @@ class Streamer(wiring.Component):
                 n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
         # The product passes a register of its own (by the widths) before ``macs`` (by the
-        # counter): from the widths to ``macs`` in one cycle was a path of the 8x8.
-        row_macs, read_before = Signal(32), Signal()
-        m.d.sync += [row_macs.eq(product_in_luts(k_used, n_used)), read_before.eq(busy),
-                     macs.eq(Mux(read_before, row_macs, 0))]
+        # counter): from the widths to ``macs`` in one cycle was a path of the 8x8. ``arrive``
+        # is ``busy`` a cycle late (``read`` is ``busy``, registered from its next value).
+        row_macs = Signal(32)
+        m.d.sync += [row_macs.eq(product_in_luts(k_used, n_used)),
+                     macs.eq(Mux(arrive, row_macs, 0))]
         # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
         # free now and no MATMUL issues or one of one row does, or on the row before the last.
         status_busy = status_copy(m, "stream_busy", busy, busy_next)
