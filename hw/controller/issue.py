@@ -1,12 +1,13 @@
 """The issue stage: runs the program (start, stop, errors), takes decoded instructions in
 program order and hands each to its unit once no hazard holds it back."""
 
-from amaranth.hdl import Assert, Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..copies import flag_with_next
 from ..isa import INSTR_BYTES, ErrorCode
+from .error_arbiter import FAULT_SOURCES, ErrorArbiter
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
 from .signatures import (KIND_OPCODES, CountedEvents, Decoded, Fault, HostLinkSignature,
@@ -330,44 +331,19 @@ class IssueStage(wiring.Component):
                            "issue stage: the fetcher may refetch from a pc that just moved")
 
         # ------------------------------------------------------------ errors, stop
-        # The earliest error in program order among the pending one and this cycle's: the
-        # lowest pc, the first in this order on a tie. Their order comes from age bits, not
-        # pc compares (the 32-bit compares of the units' pcs were the 8x8's longest paths,
-        # into ``stop_pc``): pcs only grow in a run, so the unit issued last holds the
-        # higher pc (``store_newer``); the stage's own fault is the youngest (its pc is the
-        # head's, it comes only while no error is pending); the pending one's order is its
-        # source's (``stop_from_*``), and nothing issues while it is pending. Asserted.
-        candidates = [(stopping, stop_code, stop_pc)]
-        for fault in (issue_fault, self.load.fault, self.store.fault):
-            candidates.append((fault.valid, fault.code, fault.pc))
-        store_newer = Signal()
-        with m.If(self.store.cmd.valid | self.load.cmd.valid):
-            m.d.sync += store_newer.eq(self.store.cmd.valid)
-        stop_from = [Signal(name=f"stop_from_{n}") for n in ("issue", "load", "store")]
-        below = {(1, 0): Const(0), (2, 1): Const(1), (3, 1): Const(1),     # pc_a < pc_b
-                 (2, 0): stop_from[0] | (stop_from[2] & store_newer),
-                 (3, 0): stop_from[0] | (stop_from[1] & ~store_newer),
-                 (3, 2): ~store_newer}
-        for (a, b), a_below_b in below.items():
-            m.d.sync += Assert(~(candidates[a][0] & candidates[b][0]) |
-                               (a_below_b == (candidates[a][2] < candidates[b][2])),
-                               f"issue stage: error candidates {a} and {b} out of order")
-        m.d.sync += Assert(~(issue_fault.valid & stopping), "issue stage: a fault while pending")
-        # At most one candidate wins: its code and pc are an AND-OR of all, not a mux chain.
-        best_valid = Cat(*[valid for valid, _, _ in candidates]).any()
-        best_code, best_pc, wins = 0, 0, []
-        for k, (valid_k, code_k, pc_k) in enumerate(candidates):
-            beaten_by = [candidates[j][0] & ~below[k, j] for j in range(k)]       # pc_j <= pc_k
-            beaten_by += [candidates[j][0] & below[j, k] for j in range(k + 1, len(candidates))]
-            wins.append(Signal(name=f"error_candidate_{k}_wins"))
-            m.d.comb += wins[k].eq(valid_k & ~Cat(*beaten_by).any())
-            best_code = best_code | Mux(wins[k], code_k, 0)
-            best_pc = best_pc | Mux(wins[k], pc_k, 0)
+        m.submodules.errors = errors = ErrorArbiter()
+        m.d.comb += [
+            errors.pending.valid.eq(stopping), errors.pending.code.eq(stop_code),
+            errors.pending.pc.eq(stop_pc),
+            errors.faults.eq(Cat(issue_fault, self.load.fault, self.store.fault)),
+            errors.load_issued.eq(self.load.cmd.valid),
+            errors.store_issued.eq(self.store.cmd.valid),
+            errors.record.eq(running),
+        ]
+        assert FAULT_SOURCES == ("issue", "load", "store")
         with m.If(running):
-            m.d.comb += stopping_next.eq(best_valid)
-            m.d.sync += [stop_code.eq(best_code), stop_pc.eq(best_pc)]
-            for k, source in enumerate(stop_from, start=1):
-                m.d.sync += source.eq((wins[0] & source) | wins[k])
+            m.d.comb += stopping_next.eq(errors.first.valid)
+            m.d.sync += [stop_code.eq(errors.first.code), stop_pc.eq(errors.first.pc)]
         all_idle = (~load.busy & ~weights.busy & drained & ~store.busy &
                     ~self.fetch.reader_busy & ~self.fetch.refetch)
         with m.If(running & stopping & all_idle):
