@@ -26,19 +26,11 @@ COUNTERS = ("stall_fetch", "stall_load", "stall_store", "stall_array", "instruct
 
 
 def set_status(ctx, dut, **statuses):
-    """Every unit's status idle, but for ``unit={field: value}`` in ``statuses``, held (what
-    it ``stays`` if nothing issues is what it is); a ``fetch`` entry sets ``reader_busy`` and
-    ``refetch``."""
+    """Every unit's status idle, but for ``unit={field: value}`` in ``statuses``; a
+    ``fetch`` entry sets ``reader_busy`` and ``refetch``."""
     fetch = statuses.pop("fetch", {})
     for unit, idle in IDLE.items():
-        status = {**idle, **statuses.get(unit, {})}
-        # Held: busy stays, the slots in use stay so whether a MATMUL issues or not.
-        status.setdefault("stays", status.get("busy", 0))
-        if unit == "stream":
-            in_use = [int(write.get("valid", 0)) for write in status.get("writes", [{}, {}])]
-            for field in ("in_use_held", "in_use_pushed"):
-                status.setdefault(field, in_use[0] | in_use[1] << 1)
-        ctx.set(getattr(dut, unit).status, status)
+        ctx.set(getattr(dut, unit).status, {**idle, **statuses.get(unit, {})})
     ctx.set(dut.fetch.reader_busy, fetch.get("reader_busy", 0))
     ctx.set(dut.fetch.refetch, fetch.get("refetch", 0))
 
@@ -61,7 +53,7 @@ def set_head(ctx, dut, word, *, valid=1, **fields):
     payload = decoded(word, **fields)
     ctx.set(dut.decoded.payload, payload)
     ctx.set(dut.decoded.valid, valid)
-    ctx.set(dut.next_head.front_valid, 0)
+    ctx.set(dut.next_head.load, 0)
     ctx.set(dut.next_head.end_at_head, valid and word == END)
     kind = payload["kind"]
     ctx.set(dut.next_head.issuable, {name: int(valid and not kind["faulty"] and kind[name])
@@ -290,7 +282,7 @@ def test_hazards():
             if index % 2:
                 set_head(ctx, dut, END, valid=0)
                 ctx.set(dut.next_head.entry, decoded(word, lo=lo, hi=hi))
-                ctx.set(dut.next_head.front_valid, 1)
+                ctx.set(dut.next_head.load, 1)
             else:
                 set_head(ctx, dut, word, lo=lo, hi=hi, valid=0)
             await ctx.tick()
@@ -339,9 +331,11 @@ JUST_BEFORE = [
      LOAD_SPAD, preload(5), "load"),
     ("store", ({"follows": 1, "acc": span(12, 1)}, {"busy": 1, "acc": span(2, 3)}),
      STORE, MATMUL, "store"),
-    # The MATMUL goes to the slot that follows the head, in use from the next edge.
-    ("stream", ({"free": 1, "follows": 1, "slot_follows": 1, "in_use_pushed": 1,
-                 "in_use_held": 0},
+    ("store", ({"follows": 1, "lo": 0x9000, "hi": 0x9010}, {"busy": 1, "lo": 0x2000,
+                                                            "hi": 0x2006}),
+     STORE, LOAD_SPAD, "store"),
+    # The MATMUL goes to the slot that follows the head.
+    ("stream", ({"free": 1, "follows": 1, "slot_follows": 1},
                 {"busy": 1, "drained": 0, "writes": [{"valid": 1, "acc": span(2, 3),
                                                       "rows": 3}, {}]}),
      MATMUL, STORE, "array"),
@@ -351,18 +345,17 @@ JUST_BEFORE = [
 @pytest.mark.parametrize("unit, statuses, first, second, blocker", JUST_BEFORE)
 def test_hazard_with_the_instruction_issued_just_before(unit, statuses, first, second,
                                                         blocker):
-    """A unit that follows the head takes the rows of the instruction issued in that cycle,
-    and is busy from the next edge: the comparison made a cycle ahead uses those (the
-    head's), not the unit's rows of that cycle, so an instruction over them right behind
-    waits."""
+    """A unit that follows the head takes the rows of the instruction issued in that cycle:
+    the comparison made a cycle ahead uses those (the head's), not the unit's rows of that
+    cycle, so an instruction over them right behind waits (for each kind of hazard flag)."""
     lo, hi = (0x2000, 0x2006) if second == LOAD_SPAD else (0x10, 0x14)
 
     async def body(ctx, dut):
         await start(ctx, dut)
         set_status(ctx, dut, **{unit: statuses[0]})
-        set_head(ctx, dut, first)
+        set_head(ctx, dut, first, lo=lo, hi=hi)           # (a store's DRAM bytes the second's)
         ctx.set(dut.next_head.entry, decoded(second, lo=lo, hi=hi))
-        ctx.set(dut.next_head.front_valid, 1)
+        ctx.set(dut.next_head.load, 1)
         assert ctx.get(getattr(dut, unit).cmd.valid) == 1
         await ctx.tick()
         set_status(ctx, dut, **{unit: statuses[1]})

@@ -86,13 +86,14 @@ class Decoder(wiring.Component):
         rows, cols = config.rows, config.cols
         words, flush = self.words, self.words.flush
         # Stage 0: the fetched word, registered beside the checks before any logic reads it
-        # (the fetcher's route and stage 1's checks did not fit one cycle together). A word
-        # on ``word`` during a flush is dropped.
+        # (the route from the fetcher's register, by the DMA, and the checks of stage 1
+        # did not fit one cycle together). A word on ``word`` during a flush is dropped.
         word = Signal(words.word.payload.shape(), name="word_in")
         word_valid = Signal()
         m.d.sync += [word.eq(words.word.payload), word_valid.eq(words.word.valid & ~flush)]
         # Beside it, whether the opcode is a 2-D block's and stage 1's bounds operands (0 for
-        # other opcodes), picked here (they were the first LUTs of stage 1's longest paths).
+        # other opcodes: base 0, limit 2**32), picked by the opcode here (its decodes, then
+        # the operands' multiplexers, were the first LUTs of stage 1's longest paths).
         incoming = words.word.payload.instr
         block_op = Signal()          # a 2-D DRAM block: its rows x stride is multiplied
         in_quant = incoming.opcode == Opcode.LOAD_QUANT
@@ -296,12 +297,12 @@ class Decoder(wiring.Component):
         with m.If(flush):
             m.d.sync += late.valid.eq(0)
 
-        # Stage 3: the error code and the opcode's kinds, into the queue. The queue reads
-        # through a register (as a SyncFIFOBuffered does: its memory holds all entries but the
-        # front one): its front entry, which the issue stage compares with its units a cycle
-        # ahead (``next``), comes from flip-flops, not from the distributed RAM's read (its
-        # routes into the hazard flags were the NPU's longest path). An entry reaches the front
-        # a cycle later than with a plain read.
+        # Stage 3: the error code and the opcode's kinds, into the queue.
+        # The queue reads through a register (as a SyncFIFOBuffered does: its memory holds
+        # all entries but the front one): its front entry, which the issue stage compares
+        # with its units a cycle ahead (``next``), comes from flip-flops, not from the
+        # distributed RAM's read (whose routes into the hazard flags were the NPU's longest
+        # path). An entry reaches the front a cycle later than with a plain read.
         queue = fifo.SyncFIFO(width=data.Layout.cast(Decoded).size, depth=FETCH_DEPTH - 1)
         m.submodules.queue = ResetInserter(flush)(queue)
         entry = Signal(Decoded)
@@ -391,9 +392,8 @@ class Decoder(wiring.Component):
         taken = front_copies[0] & (~copies[0] | ready)
         m.d.comb += queue.r_en.eq(~front_copies[0] | taken)
         with m.If(taken):
-            m.d.comb += words.taken.eq(1)
-        m.d.comb += [self.decoded.valid.eq(copies[0]),
-                     self.next.front_valid.eq(front_copies[0])]
+            m.d.comb += [words.taken.eq(1), self.next.load.eq(1)]
+        m.d.comb += self.decoded.valid.eq(copies[0])
         for name, flags in (("head", copies), ("front", front_copies)):
             m.d.sync += Assert(Cat(*flags).all() | ~Cat(*flags).any(),
                                f"decoder: the {name}'s valid copies differ")

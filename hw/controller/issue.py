@@ -131,21 +131,13 @@ class IssueStage(wiring.Component):
         head = self.decoded.payload
         instr = head.instr
         drained = stream_.drained
-        kind = head.kind
-        issue = Signal()             # the decision (below)
 
-        # Each hazard flag is one flip-flop: a unit's busy flag and the comparison of its rows
-        # or bytes with the head's, made in the cycle before for both outcomes of its decision.
-        # The next head is the decoder's front entry if it has one and the head issues or is
-        # empty, else this head; a unit's registers will hold the head's ranges if they follow
-        # it (``follows``), else their own; its busy flag will be set if the head issues to it,
-        # else it is what the unit ``stays``. Both values come from flip-flops; the decision
-        # picks one, last (before, it reached the flags through the front's take and busy).
+        # Each comparison of the head with a unit's rows or bytes is made in the cycle
+        # before, into a register: between the next head (the decoder's entry if it loads
+        # one, else this head) and what the unit's registers will hold (the head's, if they
+        # follow it, else their own). Only the last choices wait for this cycle's issue.
         def overlaps(a, b):              # [lo, hi) ranges, as (lo, hi) pairs
             return (a[0] < b[1]) & (b[0] < a[1])
-
-        def holds(a, b):                 # a [lo, hi) range holds row b[0]
-            return (a[0] <= b[0]) & (b[0] < a[1])
 
         def spad_of(entry):
             return (entry.spad.lo, entry.spad.hi)
@@ -159,81 +151,65 @@ class IssueStage(wiring.Component):
         def pair(rows):
             return (rows.lo, rows.hi)
 
-        def compared(compare, ours, theirs, follows=None):
-            """The next head against a unit's next ranges: (if it is the entry, if the head)."""
+        def holds(a, b):                 # a [lo, hi) range holds row b[0]
+            return (a[0] <= b[0]) & (b[0] < a[1])
+
+        def against(name, compare, ours, theirs, follows=None, valid=1):
+            """The next head against what a unit's registers will hold: the head's if they
+            follow it, else their own (``theirs``). Both are compared, and ``follows`` (from
+            the unit's flip-flops) picks one after the comparators, beside the issue's
+            choice; ``valid`` (the next cycle's) is folded in."""
+            flag = Signal(name=f"{name}_ahead")
             entry, now = ours(self.next_head.entry), ours(head)
             if follows is None:
-                return compare(entry, theirs), compare(now, theirs)
-            return (Mux(follows, compare(entry, now), compare(entry, theirs)),
-                    Mux(follows, compare(now, now), compare(now, theirs)))
-
-        def busy_of(unit, *kinds):
-            """A unit's busy flag at the next edge (if the head issues, if not)."""
-            return (Cat(unit.stays, *[kind[name] for name in kinds]).any(), unit.stays)
-
-        front, head_valid = self.next_head.front_valid, self.decoded.valid
-
-        def ahead(name, terms, direct):
-            """Whether any of ``terms`` (busy and comparison pairs) holds from the next edge;
-            ``direct``: the same of the head and units then (asserted while the head is)."""
-            flag = Signal(name=f"{name}_ahead")
-            issued = Cat(*[busy[0] & Mux(front, on_entry, on_head)
-                           for busy, (on_entry, on_head) in terms]).any()
-            held = Cat(*[busy[1] & Mux(front & ~head_valid, on_entry, on_head)
-                         for busy, (on_entry, on_head) in terms]).any()
-            m.d.sync += flag.eq(Mux(issue, issued, held))
-            m.d.sync += Assert(~running | ~head_valid | (flag == direct),
-                               f"issue stage: the hazard flag {name} out of step")
+                on_entry, on_head = compare(entry, theirs), compare(now, theirs)
+            else:
+                on_entry = Mux(follows, compare(entry, now), compare(entry, theirs))
+                on_head = Mux(follows, compare(now, now), compare(now, theirs))
+            m.d.sync += flag.eq(valid & Mux(self.next_head.load, on_entry, on_head))
             return flag
 
-        load_spad_vs = {name: (busy_of(unit, *kinds),
-                               compared(overlaps, spad_of, pair(unit.spad), unit.follows))
-                        for name, unit, kinds in (("stream", stream_, ["matmul"]),
-                                                  ("weights", weights, ["preload"]))}
-        array_vs_spad = ahead("spad_vs_array", load_spad_vs.values(), Cat(
-            *[unit.busy & overlaps(spad_of(head), pair(unit.spad)) for unit in
-              (stream_, weights)]).any())
-        store_of = busy_of(store, "store")
-        bytes_vs_store = ahead("bytes_vs_store", [(store_of, compared(
-            overlaps, bytes_of, (store.lo, store.hi), store.follows))],
-            store.busy & overlaps(bytes_of(head), (store.lo, store.hi)))
-        acc_vs_store = ahead("acc_vs_store", [(store_of, compared(
-            overlaps, acc_of, pair(store.acc), store.follows))],
-            store.busy & overlaps(acc_of(head), pair(store.acc)))
-        to_spad_stays = load.to_spad & load.stays
-        spad_vs_load = ahead("spad_vs_load", [(
-            (kind.load_spad | to_spad_stays, to_spad_stays),
-            compared(overlaps, spad_of, pair(load.spad), load.follows))],
-            load.to_spad & overlaps(spad_of(head), pair(load.spad)))
+        spad_vs_stream, spad_vs_weights, spad_vs_load = (
+            against(f"spad_vs_{name}", overlaps, spad_of, pair(unit.spad), unit.follows)
+            for name, unit in (("stream", stream_), ("weights", weights), ("load", load)))
+        acc_vs_store = against("acc_vs_store", overlaps, acc_of, pair(store.acc),
+                               store.follows)
+        bytes_vs_store = against("bytes_vs_store", overlaps, bytes_of,
+                                 (store.lo, store.hi), store.follows)
         # A store reads accumulator rows: it waits for MATMULs that still write any of them,
         # and for the writes of its rows that its first read, in the cycle after the issue,
         # would miss: those in the accumulator's pipeline one and two cycles after their
         # acceptance (next cycle, this cycle's write and the first of them).
-        raw_terms = [((Mux(kind.matmul, stream_.in_use_pushed[i], stream_.in_use_held[i]),
-                       stream_.in_use_held[i]),
-                      compared(overlaps, acc_of, pair(stream_.writes[i].acc),
-                               stream_.slot_follows[i]))
-                     for i in range(WRITEBACK_SLOTS)]
+        store_raw = Cat(*[stream_.writes[i].valid &
+                          against(f"acc_vs_slot{i}", overlaps, acc_of,
+                                  pair(stream_.writes[i].acc), stream_.slot_follows[i])
+                          for i in range(WRITEBACK_SLOTS)]).any()
+        # Each is one flip-flop, the write's valid flag folded into the comparison made a cycle
+        # ahead (the valid flags sit by the accumulator, across the die; asserted).
         unseen_next = [stream_.writing, stream_.unseen[0]]
         assert len(unseen_next) == len(stream_.unseen)
-        raw_terms += [((write.valid, write.valid), compared(holds, acc_of, (write.addr,)))
-                      for write in unseen_next]
-        store_raw = ahead("store_raw", raw_terms, Cat(
-            *[write.valid & overlaps(acc_of(head), pair(write.acc)) for write in stream_.writes],
-            *[write.valid & holds(acc_of(head), (write.addr,)) for write in stream_.unseen]
-        ).any())
+        for i, (write, unseen) in enumerate(zip(unseen_next, stream_.unseen)):
+            hit = against(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,), valid=write.valid)
+            m.d.sync += Assert(~running | ~self.decoded.valid |
+                               (hit == (unseen.valid & holds(acc_of(head), (unseen.addr,)))),
+                               f"issue stage: the comparison with unseen write {i} out of step")
+            store_raw = store_raw | hit
+        store_dram_hazard = store.busy & bytes_vs_store
 
         # Why the head waits, for the stall counters: for each kind of instruction (the
         # decoder's flags, at most one set), the units it waits for.
+        kind = head.kind
         waits = {   # kind: (load, array, store)
             "end":        (load.busy | self.fetch.reader_busy, weights.busy | ~drained,
                            store.busy),
-            "load_spad":  (load.busy, array_vs_spad, bytes_vs_store),
+            "load_spad":  (load.busy, (stream_.busy & spad_vs_stream) |
+                           (weights.busy & spad_vs_weights), store_dram_hazard),
             "load_acc":   (load.busy, ~drained, store.busy),
             "load_quant": (load.busy, 0, store.busy),
-            "preload":    (spad_vs_load, weights.busy, 0),
-            "matmul":     (load.to_acc | spad_vs_load, ~stream_.free | stream_.full | weights.busy,
-                           acc_vs_store),
+            "preload":    (load.to_spad & spad_vs_load, weights.busy, 0),
+            "matmul":     (load.to_acc | (load.to_spad & spad_vs_load),
+                           ~stream_.free | stream_.full | weights.busy,
+                           store.busy & acc_vs_store),
             # No load before a store may still fail.
             "store":      (load.busy, store_raw, store.busy),
         }
@@ -254,7 +230,7 @@ class IssueStage(wiring.Component):
                          ~at_prog_end_next)
         # ``advance``: an issue of anything but END (kinds are one-hot), the pc's enable, formed
         # beside ``issue`` (``issue & ~kind.end`` into the pc was a path of the 8x8).
-        issuable, advance = self.next_head.issuable, Signal()
+        issuable, issue, advance = self.next_head.issuable, Signal(), Signal()
         for flag, kinds in ((issue, waits), (advance, [k for k in waits if k != "end"])):
             m.d.comb += flag.eq(go & ~self.fetch.refetch &
                                 Cat(*[issuable[name] & ~Cat(*waits[name]).any()

@@ -19,7 +19,6 @@ __all__ = ["LoadUnit", "LoadStatus"]
 class LoadStatus(data.Struct):
     """What the load unit holds, for the issue stage's hazard checks."""
     busy:    1
-    stays:   1          #: ``busy`` at the next edge if nothing issues to it now
     to_spad: 1          #: a LOAD_SPAD into the rows ``spad``
     to_acc:  1          #: a LOAD_ACC (it writes through the streamer's share of the port)
     spad:    RowRange
@@ -247,9 +246,8 @@ class LoadUnit(wiring.Component):
         # The issue stage's copies of ``busy`` and the kinds it asks about (``status_copy``):
         # set as a load issues (only while idle), cleared by the ends above.
         ends = read_failed | (reader.done & ~reader.error & ~op_quant) | judged
-        busy_next = cmd.valid | status.stays            # a load issues only while idle
+        busy_next = Mux(busy, ~ends, cmd.valid)
         m.d.comb += [
-            status.stays.eq(busy & ~ends),
             status.busy.eq(status_copy(m, "load_busy", busy, busy_next)),
             status.to_spad.eq(status_copy(
                 m, "load_to_spad", busy & op_spad,

@@ -229,13 +229,12 @@ Issuable = data.StructLayout({name: 1 for name in KIND_OPCODES})
 
 
 def NextHeadSignature():
-    """What the decoder's head register takes at the next edge: ``entry`` (the front
-    register's) when ``front_valid`` and the head is empty or issues (else it keeps what it
-    holds), so that the issue stage can compare the next head with its units a cycle ahead.
+    """What the decoder's head register takes at the next edge: ``entry`` when ``load``
+    (else it keeps what it holds), so that the issue stage can compare the next head with
+    its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle.
     ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
     flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
     while it is valid and not faulty (0 otherwise), from flip-flops of their own, for the
     issue decision only."""
-    return wiring.Signature({"front_valid": Out(1), "entry": Out(Decoded),
-                             "end_at_head": Out(1),
+    return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "end_at_head": Out(1),
                              "issuable": Out(Issuable)})

@@ -20,7 +20,6 @@ __all__ = ["StoreUnit", "StoreStatus"]
 class StoreStatus(data.Struct):
     """What the store unit holds, for the issue stage's hazard checks."""
     busy: 1
-    stays: 1           #: ``busy`` at the next edge if no store issues now
     acc:  RowRange      #: the accumulator rows it reads
     lo:   32            #: it writes DRAM bytes [lo, hi)
     hi:   33
@@ -298,7 +297,8 @@ class StoreUnit(wiring.Component):
             m.d.sync += idle_reg.eq(0)
         with m.If(enters):
             m.d.sync += idle_reg.eq(1)
-        status_busy = status_copy(m, "store_busy", ~idle_reg, leaves | status.stays, init=0)
+        status_busy = status_copy(m, "store_busy", ~idle_reg,
+                                  Mux(enters, 0, Mux(leaves, 1, ~idle_reg)), init=0)
         m.d.sync += Assert(idle_reg == fsm.ongoing("IDLE"), "store unit: idle out of step")
         # The requantizer copies the state into each lane first: a row must not reach it
         # before the copies hold the state the last LOAD_QUANT set (Requantizer.setup).
@@ -310,6 +310,5 @@ class StoreUnit(wiring.Component):
         m.d.sync += Assert(~requant.valid | (quant_age == Requantizer.setup),
                            "store unit: a STORE_Q row before the requantizer's copies of "
                            "the state")
-        m.d.comb += [idle.eq(idle_reg), status.busy.eq(status_busy), status.follows.eq(idle),
-                     status.stays.eq(~idle_reg & ~enters)]    # leaves only from IDLE
+        m.d.comb += [idle.eq(idle_reg), status.busy.eq(status_busy), status.follows.eq(idle)]
         return m

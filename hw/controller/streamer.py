@@ -38,7 +38,6 @@ class Writeback(data.Struct):
 class StreamStatus(data.Struct):
     """What the streamer holds, for the issue stage's hazard checks and counters."""
     busy:      1    #: reading an activation row in this cycle
-    stays:     1    #: ``busy`` at the next edge if no MATMUL issues now
     free:      1    #: a MATMUL issued now streams right behind (idle, or on its last row)
     spad:      RowRange   #: the scratchpad rows it reads
     macs:      32   #: useful MACs (k_width x n_width) of the row two cycles before, or 0
@@ -47,9 +46,6 @@ class StreamStatus(data.Struct):
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
     follows:   1    #: ``spad`` takes the issue stage's head's at the next edge
     slot_follows: WRITEBACK_SLOTS   #: so does the ``acc`` of each of these slots
-    #: the slots in use at the next edge if no MATMUL issues now, and if one does
-    in_use_held:   WRITEBACK_SLOTS
-    in_use_pushed: WRITEBACK_SLOTS
     writing:   AccWrite   #: the accumulator's write in this cycle
     #: the writes in its pipeline that a read started in the next cycle would miss
     unseen:    data.ArrayLayout(AccWrite, READ_LATENCY)
@@ -136,7 +132,7 @@ class Streamer(wiring.Component):
         head_next = Signal.like(head)
         queued_next = Signal.like(queued)
         m.d.comb += [
-            busy_next.eq(cmd.valid | status.stays),
+            busy_next.eq(cmd.valid | (busy & ~last)),
             head_next.eq(head ^ pop),
             queued_next.eq(queued + push - pop),
         ]
@@ -147,14 +143,10 @@ class Streamer(wiring.Component):
             full.eq(queued_next == WRITEBACK_SLOTS),
             drained.eq(~busy_next & (queued_next == 0) & ~acc_busy_next),
         ]
-        def in_use_after(queued_after):
+        for i in range(WRITEBACK_SLOTS):
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
-            return Cat(((head_next == i) & (queued_after >= 1)) |
-                       ((head_next != i) & (queued_after == 2)) for i in range(WRITEBACK_SLOTS))
-        m.d.comb += [status.in_use_held.eq(in_use_after(queued - pop)),
-                     status.in_use_pushed.eq(in_use_after(queued + 1 - pop)),
-                     status.stays.eq(busy & ~last)]
-        m.d.sync += in_use.eq(Mux(push, status.in_use_pushed, status.in_use_held))
+            m.d.sync += in_use[i].eq(((head_next == i) & (queued_next >= 1)) |
+                                     ((head_next != i) & (queued_next == 2)))
         m.d.sync += [
             Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
             Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),

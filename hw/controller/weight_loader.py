@@ -1,7 +1,7 @@
 """The weight loader: ``PRELOAD``, from the scratchpad's second read port into the array's
 shadow weights."""
 
-from amaranth.hdl import Assert, Module, Signal, signed
+from amaranth.hdl import Assert, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import ReadPort
 from amaranth.lib.wiring import In, Out
@@ -16,7 +16,6 @@ __all__ = ["WeightLoader", "WeightStatus"]
 class WeightStatus(data.Struct):
     """What the weight loader holds, for the issue stage's hazard checks."""
     busy: 1
-    stays: 1           #: ``busy`` at the next edge if no PRELOAD issues now
     spad: RowRange      #: the scratchpad rows it reads
     follows: 1          #: its ranges take the issue stage's head's at the next edge
 
@@ -93,10 +92,9 @@ class WeightLoader(wiring.Component):
             m.d.sync += pending.eq(0)
         # The issue stage's copy of ``busy``: set as a PRELOAD issues (only while idle),
         # cleared as the last row is read.
-        stays = busy & ~(guard_zero & (count == rows - 1))
-        m.d.comb += [status.stays.eq(stays),
-                     status.busy.eq(status_copy(m, "weights_busy", busy,
-                                                cmd.valid | stays))]
+        m.d.comb += status.busy.eq(status_copy(
+            m, "weights_busy", busy,
+            Mux(busy, ~(guard_zero & (count == rows - 1)), cmd.valid)))
         m.d.comb += [
             self.weight.valid.eq(arrive),
             self.weight.payload.eq(self.spad.data[:8 * cols]),
