@@ -8,7 +8,8 @@ from amaranth.lib.wiring import In, Out
 
 from .isa import QuantMode
 from .pe import dsp_pes, mult18x18d
-from .requant_float import POINT_BIAS, clamp_bounds, float_stages, leading_zeros, rounds_up
+from .requant_float import (POINT_BIAS, clamp_bounds, eighths_decode, float_stages,
+                            leading_zeros, rounds_up)
 
 
 __all__ = ["Requantizer", "INT32_MIN", "INT32_MAX"]
@@ -200,29 +201,17 @@ class Requantizer(wiring.Component):
         fits_below = stage(Const(1 << 31, unsigned(32)) >> left, unsigned(32), "fits_below")
         # The right shift in five flip-flops for each quarter of stage 8's shifter (each
         # drives the multiplexers of 8 of its 32 outputs) and five more for the masks, which
-        # take two more cycles. The shift is 8 h + l: first the decodes of h (h > k, h == k)
-        # and of l (l >= k, l == k), then each mask bit from three of them in one LUT:
-        # right == b is h == b // 8 and l == b % 8, right >= b is h > b // 8, or h == b // 8
-        # and l >= b % 8. (From the shift in one cycle, Yosys chained the 30 comparisons
-        # through seven LUTs after a route of 5 ns: 77 failing endpoints of the 8x8; as an
-        # OR of the top bits above, into a 30-input OR.) Stage 8 reads them, long after the
+        # take two more cycles: the shift's decode (``eighths_decode``), then each mask bit in
+        # one LUT. (From the shift in one cycle, Yosys chained the 30 comparisons through
+        # seven LUTs after a route of 5 ns: 77 failing endpoints of the 8x8; as an OR of the
+        # top bits above, into a 30-input OR.) Stage 8 reads them, long after the
         # parameters' setup.
         rights = [Signal(unsigned(5), name=f"param_lane_{lane}_right_{quarter}",
                          reset_less=True) for quarter in range(5)]
         m.d.sync += [copy.eq(right) for copy in rights]
         right, right_masks = rights[:4], rights[4]
-        high, low = right_masks[3:], right_masks[:3]
-        # (h > 3 and l >= 0 are constants, written so: Verilator's lint warns of constant
-        # comparisons.)
-        high_above = stage(Cat(*(high > k for k in range(3)), Const(0, 1)), 4, "high_above")
-        high_is = stage(Cat(high == k for k in range(4)), 4, "high_is")
-        low_from = stage(Cat(Const(1, 1), *(low >= k for k in range(1, 8))), 8, "low_from")
-        low_is = stage(Cat(low == k for k in range(8)), 8, "low_is")
-
-        def at_least(b):             # right >= b
-            return high_above[b // 8] | (high_is[b // 8] & low_from[b % 8])
-        top = stage(Cat(high_is[(bit + 1) // 8] & low_is[(bit + 1) % 8] for bit in range(31)),
-                    unsigned(31), "top")                          # right == bit + 1
+        at_least, equals = eighths_decode(stage, right_masks, range(4))
+        top = stage(Cat(equals(bit + 1) for bit in range(31)), unsigned(31), "top")
         below = stage(Cat(at_least(bit + 2) for bit in range(30)), unsigned(30), "below")
         significand = Cat(multiplier[:23], exponent != 0)
         factor = stage(Mux(floating, significand, multiplier), signed(32), "factor")

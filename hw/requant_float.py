@@ -42,7 +42,8 @@ and 7, then
 from amaranth.hdl import Cat, Const, Mux, Signal, signed
 
 
-__all__ = ["POINT_BIAS", "clamp_bounds", "leading_zeros", "float_stages", "rounds_up"]
+__all__ = ["POINT_BIAS", "clamp_bounds", "leading_zeros", "eighths_decode", "float_stages",
+           "rounds_up"]
 
 
 #: The product P of the two 24-bit significands (the accumulator's 25 bits wide, see above)
@@ -69,6 +70,37 @@ def leading_zeros(m, value, name):
     m.d.comb += [count.eq(Mux(high_zero, half + low_count, high_count)),
                  zero.eq(high_zero & low_zero)]
     return count, zero
+
+
+def eighths_decode(stage, value, eighths, suffix=""):
+    """Tests of ``value`` against constants, in two cycles: ``value`` is 8 h + l, and the
+    first cycle registers the decodes of h (h > k, h == k, for k in ``eighths``) and of l
+    (l >= j, l == j), each named ``<decode><suffix>`` through ``stage``; then each test is
+    one LUT of three of them: ``equals(c)`` is h == c // 8 and l == c % 8, ``at_least(c)``
+    is h > c // 8, or h == c // 8 and l >= c % 8. (From the value in one cycle, ABC chained
+    such nested comparisons through seven LUTs.) Returns ``(at_least, equals)``."""
+    high, low = value[3:], value[:3]
+    if value.shape().signed:
+        high = high.as_signed()
+        top = None
+    else:
+        top = (1 << len(high)) - 1
+    # (Comparisons whose outcome is constant are written as constants: Verilator's lint
+    # warns of constant comparisons.)
+    high_above = stage(Cat(*(Const(0, 1) if k == top else high > k for k in eighths)),
+                       len(eighths), f"high_above{suffix}")
+    high_is = stage(Cat(high == k for k in eighths), len(eighths), f"high_is{suffix}")
+    low_from = stage(Cat(Const(1, 1), *(low >= j for j in range(1, 8))), 8,
+                     f"low_from{suffix}")
+    low_is = stage(Cat(low == j for j in range(8)), 8, f"low_is{suffix}")
+
+    def at_least(c):
+        k = (c >> 3) - eighths.start
+        return high_above[k] | (high_is[k] & low_from[c & 7])
+
+    def equals(c):
+        return high_is[(c >> 3) - eighths.start] & low_is[c & 7]
+    return at_least, equals
 
 
 def clamp_bounds(stage, params):
@@ -98,26 +130,11 @@ def float_stages(m, lane, stage, delayed, point_4, sign_5, product_7, params, bo
     zero_point, act_min, act_max = (params[name] for name in ("zero_point", "act_min",
                                                               "act_max"))
 
-    # 5: the point decoded in two parts, its eighths (p >> 3 > k, == k for the eighths the
-    # tests below meet) and its low three bits (>= j, == j), so that in stage 6 each test
-    # of the point against a constant c is one LUT of three flags: p == c is the eighth
-    # and the low bits equal, p >= c the eighth above, or equal and the low bits >= c % 8.
-    # (From the point in one cycle, ABC chained the nested comparisons of the mask through
-    # seven LUTs: 4 failing endpoints of an 8x8 run.)
-    high, low = point_4[3:].as_signed(), point_4[:3]
-    eighths = range(24 >> 3, (FIRST_POINT + POINTS) // 8 + 1)
-    high_above = stage(Cat(high > k for k in eighths), len(eighths), "high_above_5")
-    high_is = stage(Cat(high == k for k in eighths), len(eighths), "high_is_5")
-    # (low >= 0 is a constant, written so: Verilator's lint warns of constant comparisons.)
-    low_from = stage(Cat(Const(1, 1), *(low >= j for j in range(1, 8))), 8, "low_from_5")
-    low_is = stage(Cat(low == j for j in range(8)), 8, "low_is_5")
-
-    def at_least(c):                 # p >= c
-        k = (c >> 3) - eighths.start
-        return high_above[k] | (high_is[k] & low_from[c & 7])
-
-    def equals(c):                   # p == c
-        return high_is[(c >> 3) - eighths.start] & low_is[c & 7]
+    # 5: the point decoded (``eighths_decode``, for the eighths the tests below meet), so
+    # that in stage 6 each test of the point is one LUT (the mask's nested comparisons in
+    # one cycle were 4 failing endpoints of an 8x8 run).
+    at_least, equals = eighths_decode(stage, point_4,
+                                      range(24 >> 3, (FIRST_POINT + POINTS) // 8 + 1), "_5")
 
     # 6 and 7 (beside the partial sums): the integer point one-hot, and whether |f| >= 256
     # (saturated): the point at most 8 bits below P's leading one.
