@@ -135,8 +135,20 @@ class LoadUnit(wiring.Component):
                     stride.eq(load.dram_stride), next_addr.eq(load.dram_addr + load.dram_stride),
                 ]
 
+        # The command is offered from a flip-flop (``busy & ~sent``, loaded with its next
+        # value: set as the load issues, cleared as the reader takes it), so that the
+        # fetcher's grant, and the reader's enables after it, wait for no logic here (the
+        # unit's flags into the grant were a group of three runs). Nothing is offered
+        # during a LOAD_QUANT's check: it comes after the reader's ``done``, once ``sent``.
+        offered = Signal(name="load_cmd_offered")
+        with m.If(~busy):
+            m.d.sync += offered.eq(cmd.valid)
+        with m.Elif(reader.cmd.ready):
+            m.d.sync += offered.eq(0)
+        m.d.sync += Assert(offered == (busy & ~sent & ~check),
+                           "load unit: the command's offer out of step")
         m.d.comb += [
-            reader.cmd.valid.eq(busy & ~sent & ~check),
+            reader.cmd.valid.eq(offered),
             reader.cmd.payload.addr.eq(addr),
             reader.cmd.payload.rows.eq(rows),
             reader.cmd.payload.row_bytes.eq(row_bytes),
@@ -188,7 +200,6 @@ class LoadUnit(wiring.Component):
         read_failed = Signal()
         m.d.sync += read_failed.eq(0)
         with m.If(read_failed):
-            m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.BUS_READ)]
             m.d.sync += busy.eq(0)
         with m.If(reader.done):
             with m.If(reader.error):
@@ -208,10 +219,12 @@ class LoadUnit(wiring.Component):
         # unit's state register.
         # (From the operands' registers, which hold them from the issue on: the check comes
         # cycles later. From the head, the comparisons were a long path.)
-        operands_bad = Signal()
+        # Two flags, each from one comparison (their OR after the clamp's carry chain, by a
+        # long route to the flip-flop, was a path of the 8x8); the verdict ORs them.
+        zero_point_bad, clamp_bad = Signal(), Signal()
         high = zero_point[7:]
-        m.d.sync += operands_bad.eq((high != 0) & (high != (1 << len(high)) - 1) |
-                                    (act_min > act_max))
+        m.d.sync += [zero_point_bad.eq((high != 0) & (high != (1 << len(high)) - 1)),
+                     clamp_bad.eq(act_min > act_max)]
         checked_shifts, checked_multipliers = row, staged_shifts    # see ``row`` above
         # Each lane's verdict goes into a flip-flop of its own in the cycle of the check; the
         # cycle after, their OR with the operands' makes the verdict (the reduction of every
@@ -236,15 +249,27 @@ class LoadUnit(wiring.Component):
                 m.d.sync += lane_bad[lane].eq(Mux(float_mode, not_finite | (shift != 0),
                                                   shift_out_of_range))
         with m.If(lanes_checked):
-            m.d.sync += [judged.eq(1), rejected.eq(operands_bad | lane_bad.any())]
+            m.d.sync += [judged.eq(1),
+                         rejected.eq(zero_point_bad | clamp_bad | lane_bad.any())]
         with m.If(judged):
             m.d.sync += busy.eq(0)
-            with m.If(rejected):
-                m.d.comb += [fault.valid.eq(1), fault.code.eq(ErrorCode.QUANT)]
-            with m.Else():
+            with m.If(~rejected):
                 m.d.sync += deliver.eq(1)
         # The issue stage's copies of ``busy`` and the kinds it asks about (``status_copy``):
         # set as a load issues (only while idle), cleared by the ends above.
+        # The fault, from flip-flops of its own loaded beside ``read_failed`` and the verdict
+        # (asserted): ``judged & rejected`` and the code's choice after them went on through
+        # the error arbiter into the stop registers (19 endpoints of an 8x8 run).
+        fault_valid = Signal(name="load_fault_valid")
+        fault_quant = Signal(name="load_fault_quant")
+        quant_fails = lanes_checked & (zero_point_bad | clamp_bad | lane_bad.any())
+        m.d.sync += [fault_valid.eq((reader.done & reader.error) | quant_fails),
+                     fault_quant.eq(quant_fails)]
+        m.d.sync += Assert((fault_valid == (read_failed | (judged & rejected))) &
+                           (~fault_quant | (judged & rejected)),
+                           "load unit: the fault's flip-flops out of step")
+        m.d.comb += [fault.valid.eq(fault_valid),
+                     fault.code.eq(Mux(fault_quant, ErrorCode.QUANT, ErrorCode.BUS_READ))]
         ends = read_failed | (reader.done & ~reader.error & ~op_quant) | judged
         busy_next = Mux(busy, ~ends, cmd.valid)
         m.d.comb += [
