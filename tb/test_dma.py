@@ -374,6 +374,34 @@ def test_burst_split(data_width):
     sim.run()
 
 
+@pytest.mark.parametrize("data_width", WIDTHS)
+@pytest.mark.parametrize("narrow", (1, 3, 5))
+def test_burst_split_narrow(data_width, narrow):
+    """The burst arithmetic for a beat count of few bits (the reader's and the writer's,
+    whose rows are a few beats: no carry chain), against the rule at every beat address of a
+    page and every count the width holds."""
+    bus_bytes = data_width // 8
+    dma = DMA(data_width=data_width, read_row_bytes=20, write_row_bytes=20)
+    dma._MustUse__silence = True
+    m = Module()
+    beat_addr, beats_left = Signal(32), Signal(narrow)
+    outputs = dma._next_burst(m, beat_addr, beats_left, "test")
+    page = (1 << 32) - 4096
+    cases = [(page + beat * bus_bytes, left) for beat in range(4096 // bus_bytes)
+             for left in range(1, 1 << narrow)]
+
+    async def testbench(ctx):
+        for addr, left in cases:
+            ctx.set(beat_addr, addr)
+            ctx.set(beats_left, left)
+            got = tuple(ctx.get(value) for value in outputs)
+            assert got == _burst_rule(bus_bytes, addr, left), (hex(addr), left, got)
+
+    sim = Simulator(m)
+    sim.add_testbench(testbench)
+    sim.run()
+
+
 async def _wait_idle(ctx, dut, model, where, timeout=50):
     """Wait until both the DMA and the slave have nothing outstanding (a broken slave's
     extra beats may still be on the bus when the DMA is done)."""

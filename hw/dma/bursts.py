@@ -3,7 +3,7 @@ bursts on the bus."""
 
 from functools import partial
 
-from amaranth.hdl import Cat, Const, Signal
+from amaranth.hdl import Cat, Const, Signal, Value
 from amaranth.lib import data
 
 
@@ -87,9 +87,18 @@ def next_burst(bus_bytes, m, beat_addr, beats_left, name):
     to_boundary = Signal(range(page + 1), name=f"{name}_to_4k")
     m.d.comb += to_boundary.eq(page - into_page)
     # beats_left <= to_boundary, i.e. beats_left + into_page <= page (a power of two).
-    reach = Signal(18, name=f"{name}_reach")
-    m.d.comb += reach.eq(beats_left + into_page)
-    within_page = ((reach >> (12 - lg)) == 0) | (reach == page)
+    narrow = len(Value.cast(beats_left))     # beats_left < 2**narrow
+    if (1 << narrow) < page:
+        # A row of few beats (the reader's and writer's): with into_page = high * 2**narrow +
+        # low, the sum passes the page only when high is all ones and low + beats_left >
+        # 2**narrow. Two small functions of the registers, no carry chain (the sum's chain
+        # and compare, before the burst's end, were paths of the reader's address side).
+        high, low = into_page[narrow:], into_page[:narrow]
+        within_page = ~high.all() | ((low + beats_left) <= (1 << narrow))
+    else:
+        reach = Signal(18, name=f"{name}_reach")
+        m.d.comb += reach.eq(beats_left + into_page)
+        within_page = ((reach >> (12 - lg)) == 0) | (reach == page)
     within_cap = ((beats_left >> 8) == 0) | (beats_left == 256)
     last = Signal(name=f"{name}_burst_last")
     page_first = Signal(name=f"{name}_burst_to_4k")     # else cut at 256 beats
