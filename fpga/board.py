@@ -44,8 +44,8 @@ __all__ = ["BOARDS", "BoardTop", "board_pll", "board_plan", "build_board", "CLOC
 #: (exactly: ``tb/test_fpga.py`` checks it). It is what the 8x8's board build meets on the
 #: tree it was set for (28e8490: 96.88 MHz on the board's own placement at a 90 MHz
 #: constraint; at 100 MHz the same tree missed, 96.88 MHz, by the decoder's bounds product
-#: routed across the die), below the 112 to 119 MHz of the 8x8's out-of-context runs
-#: (docs/fpga-timing.md). Set it again when that changes.
+#: routed across the die; 5753002 met 90 MHz at 112.23), below the 107 to 118 MHz of the
+#: 8x8's out-of-context runs (docs/fpga-timing.md). Set it again when that changes.
 CLOCK_MHZ = 90
 
 

@@ -503,13 +503,13 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   words it holds, the reader frames a one-beat burst from its address registers, and each
   of the writer's copy sets makes its own row load. nextpnr's router1 routes it (router2
   left several times more failing paths on the same placements: docs/fpga-timing.md). What
-  is left is wire and a few LUT levels: 1 to 28 (4x4) and 28 to 386 (8x8) endpoints miss
+  is left is wire and a few LUT levels: 5 to 15 (4x4) and 23 to 146 (8x8) endpoints miss
   8 ns on the runs above (`python -m fpga.sta` lists them), most from one place: the
   issue decision (from its hazard flags and status copies, about four LUT levels) into the
   registers it enables across the die (the decoder's head and front slices and their
-  valid copies, the units' command registers, the hazard flags themselves), 6.3 to 7.6 ns
-  of it routing; the rest in small groups (the 8x8 seed 3's: the requantizer's masks, the
-  reader's burst framing). A plain register on the issue decision or on the reader's command costs
+  valid copies, the units' command registers, the hazard flags themselves), 5.6 to 7.5 ns
+  of it routing; the rest in small groups (the reader's burst loop, the decoder's bounds
+  product into its second stage, the stop registers). A plain register on the issue decision or on the reader's command costs
   more than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points
   on 16 x 64 x 64).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
@@ -630,7 +630,7 @@ flow) rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal a
 since `42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
 MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
 oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 90 MHz, what the 8x8's board build met on `28e8490`: 96.88 MHz; the
+`fpga/board.py`, 90 MHz, what the 8x8's board build met on `5753002`: 112.23 MHz; the
 board's own place and route reports its Fmax at the end of this page
 when a build has finished; nextpnr's router1, as the flow), with the divisors Project
 Trellis' `ecppll` would
