@@ -255,8 +255,6 @@ class LoadUnit(wiring.Component):
             m.d.sync += busy.eq(0)
             with m.If(~rejected):
                 m.d.sync += deliver.eq(1)
-        # The issue stage's copies of ``busy`` and the kinds it asks about (``status_copy``):
-        # set as a load issues (only while idle), cleared by the ends above.
         # The fault, from flip-flops of its own loaded beside ``read_failed`` and the verdict
         # (asserted): ``judged & rejected`` and the code's choice after them went on through
         # the error arbiter into the stop registers (19 endpoints of an 8x8 run).
@@ -270,6 +268,8 @@ class LoadUnit(wiring.Component):
                            "load unit: the fault's flip-flops out of step")
         m.d.comb += [fault.valid.eq(fault_valid),
                      fault.code.eq(Mux(fault_quant, ErrorCode.QUANT, ErrorCode.BUS_READ))]
+        # The issue stage's copies of ``busy`` and the kinds it asks about (``status_copy``):
+        # set as a load issues (only while idle), cleared by the ends above.
         ends = read_failed | (reader.done & ~reader.error & ~op_quant) | judged
         busy_next = Mux(busy, ~ends, cmd.valid)
         m.d.comb += [
