@@ -151,25 +151,27 @@ class DMAProperties(Elaboratable):
 
 class BurstSplitProperties(Elaboratable):
     """The DMA's burst splitter (``DMA._next_burst``, shared by reader and writer) for every
-    bus-aligned 32-bit beat address and every beat count from 1 to ``2**17 - 1`` (a row of
-    65535 bytes needs at most ``65535 / bus bytes + 1`` beats): the burst is 1 to 256 beats,
+    bus-aligned 32-bit beat address and every beat count from 1 to ``2**count_bits - 1`` (17
+    bits by default: a row of 65535 bytes needs at most ``65535 / bus bytes + 1`` beats; a
+    few bits take the splitter's narrow page test): the burst is 1 to 256 beats,
     no longer than what is left, ends at or before the next 4 KiB boundary, and is as long as
     those three limits allow; its AXI ``len``, whether it ends the row, and the address and
     beats left after it agree with its length. Combinational, so one cycle proves it for all
     inputs.
     """
-    def __init__(self, data_width, dma_class=DMA):
+    def __init__(self, data_width, dma_class=DMA, *, count_bits=17):
         self.dma = dma_class(data_width=data_width, read_row_bytes=4, write_row_bytes=4)
         # Only the helper method is used; the DMA itself is never elaborated.
         self.dma._MustUse__silence = True
         self.bus_bytes = data_width // 8
+        self.count_bits = count_bits
 
     def elaborate(self, platform):
         m = Module()
         lg = self.bus_bytes.bit_length() - 1
         beat_addr = Signal(32)
-        beats_left = Signal(17)
-        m.d.comb += [beat_addr.eq(AnyConst(32)), beats_left.eq(AnyConst(17))]
+        beats_left = Signal(self.count_bits)
+        m.d.comb += [beat_addr.eq(AnyConst(32)), beats_left.eq(AnyConst(self.count_bits))]
         m.d.comb += Assume((beat_addr[:lg] == 0) & (beats_left >= 1))
         length, length_minus_one, last, next_addr, next_left = self.dma._next_burst(
             m, beat_addr, beats_left, "split")

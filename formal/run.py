@@ -79,6 +79,9 @@ CHECKS = [
     Check("dma_burst_split_32", lambda: BurstSplitProperties(32), depth=1, quick_depth=1),
     Check("dma_burst_split_64", lambda: BurstSplitProperties(64), depth=1, quick_depth=1),
     Check("dma_burst_split_128", lambda: BurstSplitProperties(128), depth=1, quick_depth=1),
+    # A 3-bit beat count (a row of up to 7 beats): the page test without a sum.
+    Check("dma_burst_split_64x3", lambda: BurstSplitProperties(64, count_bits=3), depth=1,
+          quick_depth=1),
     Check("dma_axi", lambda: DMAProperties(), depth=30, quick_depth=12),
     Check("dma_axi", lambda: DMAProperties(), depth=12, quick_depth=12, mode="cover"),
     # 4. The controller's instruction queue never overflows (the least depth that fills it,
