@@ -340,17 +340,33 @@ def _burst_rule(bus_bytes, beat_addr, beats_left):
             (beat_addr + length * bus_bytes) % (1 << 32), beats_left - length)
 
 
-@pytest.mark.parametrize("data_width", WIDTHS)
-def test_burst_split(data_width):
-    """The burst arithmetic (its three ends formed side by side) against the rule, on rows
-    near 4 KiB boundaries and the 256-beat cap and on random ones."""
-    row_width = ROW_BYTES[data_width]
+def _check_burst_split(data_width, row_width, count_bits, cases):
+    """The splitter (``DMA._next_burst``) with a ``count_bits``-bit beat count against the
+    rule, for each ``(beat address, beats left)`` of ``cases``."""
     bus_bytes = data_width // 8
     dma = DMA(data_width=data_width, read_row_bytes=row_width, write_row_bytes=row_width)
     dma._MustUse__silence = True
     m = Module()
-    beat_addr, beats_left = Signal(32), Signal(17)
+    beat_addr, beats_left = Signal(32), Signal(count_bits)
     outputs = dma._next_burst(m, beat_addr, beats_left, "test")
+
+    async def testbench(ctx):
+        for addr, left in cases:
+            ctx.set(beat_addr, addr)
+            ctx.set(beats_left, left)
+            got = tuple(ctx.get(value) for value in outputs)
+            assert got == _burst_rule(bus_bytes, addr, left), (hex(addr), left, got)
+
+    sim = Simulator(m)
+    sim.add_testbench(testbench)
+    sim.run()
+
+
+@pytest.mark.parametrize("data_width", WIDTHS)
+def test_burst_split(data_width):
+    """The burst arithmetic (its three ends formed side by side) against the rule, on rows
+    near 4 KiB boundaries and the 256-beat cap and on random ones."""
+    bus_bytes = data_width // 8
     seed = 0xB0 + data_width
     print(f"seed {seed}")
     rng = np.random.default_rng(seed)
@@ -361,17 +377,7 @@ def test_burst_split(data_width):
     cases += [(int(rng.integers(0, 1 << 32)) // bus_bytes * bus_bytes,
                int(rng.choice([rng.integers(1, 600), rng.integers(1, 1 << 17)])))
               for _ in range(3000)]
-
-    async def testbench(ctx):
-        for addr, left in cases:
-            ctx.set(beat_addr, addr)
-            ctx.set(beats_left, left)
-            got = tuple(ctx.get(value) for value in outputs)
-            assert got == _burst_rule(bus_bytes, addr, left), (hex(addr), left, got)
-
-    sim = Simulator(m)
-    sim.add_testbench(testbench)
-    sim.run()
+    _check_burst_split(data_width, ROW_BYTES[data_width], 17, cases)
 
 
 @pytest.mark.parametrize("data_width", WIDTHS)
@@ -381,25 +387,10 @@ def test_burst_split_narrow(data_width, narrow):
     whose rows are a few beats: no carry chain), against the rule at every beat address of a
     page and every count the width holds."""
     bus_bytes = data_width // 8
-    dma = DMA(data_width=data_width, read_row_bytes=20, write_row_bytes=20)
-    dma._MustUse__silence = True
-    m = Module()
-    beat_addr, beats_left = Signal(32), Signal(narrow)
-    outputs = dma._next_burst(m, beat_addr, beats_left, "test")
     page = (1 << 32) - 4096
     cases = [(page + beat * bus_bytes, left) for beat in range(4096 // bus_bytes)
              for left in range(1, 1 << narrow)]
-
-    async def testbench(ctx):
-        for addr, left in cases:
-            ctx.set(beat_addr, addr)
-            ctx.set(beats_left, left)
-            got = tuple(ctx.get(value) for value in outputs)
-            assert got == _burst_rule(bus_bytes, addr, left), (hex(addr), left, got)
-
-    sim = Simulator(m)
-    sim.add_testbench(testbench)
-    sim.run()
+    _check_burst_split(data_width, 20, narrow, cases)
 
 
 async def _wait_idle(ctx, dut, model, where, timeout=50):
