@@ -681,7 +681,8 @@ def test_sta_names_the_registers_of_endpoints():
 
 class _PlainAndFPGADecoders(Elaboratable):
     """The plain decoder and its MULT18X18D form side by side, fed one fetched word per
-    cycle from a ROM (valid, instruction), the issue stage always ready; ``mismatch``
+    cycle from a ROM (valid, instruction) as the fetcher gives them (``ahead`` a cycle before
+    ``word``), the issue stage always ready; ``mismatch``
     latches the first cycle their decoded heads differ, ``results`` counts decoded ones."""
     def __init__(self, schedule):
         self.schedule = schedule
@@ -699,10 +700,10 @@ class _PlainAndFPGADecoders(Elaboratable):
         layout = data.StructLayout({"valid": 1, "instr": Instruction})
         words = [valid | (instr << 1) for valid, instr in self.schedule]
         word = _play(m, layout, words, self.done)
-        for decoder in (plain, fpga):
-            m.d.comb += [decoder.words.word.valid.eq(word.valid),
-                         decoder.words.word.payload.instr.eq(word.instr),
-                         decoder.decoded.ready.eq(1)]
+        for decoder in (plain, fpga):   # the ROM's word is ``ahead``, a cycle before ``word``
+            m.d.comb += [decoder.words.ahead.eq(word.instr), decoder.decoded.ready.eq(1)]
+            m.d.sync += [decoder.words.word.valid.eq(word.valid),
+                         decoder.words.word.payload.instr.eq(word.instr)]
         with m.If((plain.decoded.valid != fpga.decoded.valid)
                   | (plain.decoded.valid & (plain.decoded.payload.as_value() !=
                                             fpga.decoded.payload.as_value()))):

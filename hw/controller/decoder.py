@@ -219,28 +219,30 @@ class Decoder(wiring.Component):
                 m.d.comb += flags.illegal.eq(1)
 
         # rows x stride of a block, as two 16 x 16 partial products (rows x the stride's low
-        # and high halves) straight into registers: on ECP5 each is a MULT18X18D fed from the
-        # fetcher's word register, its output register the stage's (no carry chain after
-        # the multiplier in this stage; the fetcher's word -> multiplier -> carry chains of
-        # the 48-bit product -> stage register was a long path). Load and store arguments
-        # share the fields' places; the product counts only for their opcodes.
+        # and high halves), a stage early: on ECP5 each is a MULT18X18D whose input
+        # registers take the fetcher's next word (``ahead``) beside the fetcher's register,
+        # and whose output register holds the product of the word in stage 0; the stage's
+        # register is a copy in the fabric (the multiplier's output across the die into
+        # stage 2's carry chain was a path of the 8x8 and the board). Load and store
+        # arguments share the fields' places; the product counts only for their opcodes.
         assert all(data.Layout.cast(LoadArgs)[name].offset ==
                    data.Layout.cast(StoreArgs)[name].offset for name in ("rows", "dram_stride"))
-        partial_lo = Signal(32)
-        partial_hi = Signal(32)
-        if (self.dsp and getattr(platform, "family", None) == "ecp5"
-                and dsp_pes(platform) is None):
-            for product, half in ((partial_lo, load.dram_stride[:16]),
-                                  (partial_hi, load.dram_stride[16:])):
-                mult18x18d(m, Cat(load.rows, Const(0, 1)), Cat(half, Const(0, 1)), product,
-                           registered_inputs=False, name=f"bounds_{product.name}")
-        else:
-            m.d.sync += [partial_lo.eq(load.rows * load.dram_stride[:16]),
-                         partial_hi.eq(load.rows * load.dram_stride[16:])]
+        partial_lo, partial_hi = Signal(32), Signal(32)
+        ahead, fetched_now = words.ahead.args.load, incoming.args.load
+        for product, bits in ((partial_lo, slice(0, 16)), (partial_hi, slice(16, 32))):
+            early = Signal(32, name=f"bounds_{product.name}_early")
+            if (self.dsp and getattr(platform, "family", None) == "ecp5"
+                    and dsp_pes(platform) is None):
+                mult18x18d(m, Cat(ahead.rows, Const(0, 1)),
+                           Cat(ahead.dram_stride[bits], Const(0, 1)), early,
+                           registered_inputs=True, name=f"bounds_{product.name}")
+            else:
+                m.d.sync += early.eq(fetched_now.rows * fetched_now.dram_stride[bits])
+            m.d.sync += product.eq(Mux(block_op, early, 0))   # 0 but for a block's opcode
 
         # Stage 1 -> 2: the partial products and everything beside them, in registers.
         stage = Signal(data.StructLayout({
-            "valid": 1, "instr": Instruction, "bus_error": 1, "multiplied": 1,
+            "valid": 1, "instr": Instruction, "bus_error": 1,
             "base": signed(35), "limit": signed(36), "lo": 32, "spad": RowRange,
             "acc": RowRange, "dram": 1,
             "flags": _CheckFlags}))
@@ -248,7 +250,6 @@ class Decoder(wiring.Component):
             stage.valid.eq(word_valid),
             stage.instr.eq(fetched),
             stage.bus_error.eq(word.bus_error),
-            stage.multiplied.eq(block_op),
             stage.base.eq(base),
             # 2**32 - base, for the range check of stage 2 (a subtraction there would put
             # two carry chains in a row between the stage register and the queue).
@@ -275,10 +276,9 @@ class Decoder(wiring.Component):
             m.d.comb += [operand.eq(value) for operand, value in zip(operands, values)]
             return (a ^ b ^ c) + Cat(Const(0, 1), (a & b) | (a & c) | (b & c))
 
-        low = Mux(stage.multiplied, partial_lo, 0)
-        high = Mux(stage.multiplied, Cat(Const(0, 16), partial_hi), 0)
-        hi_sum = sum_of_three("hi_sum", low, high, stage.base)
-        over_sum = sum_of_three("over_sum", low, high, ~stage.limit)
+        high = Cat(Const(0, 16), partial_hi)
+        hi_sum = sum_of_three("hi_sum", partial_lo, high, stage.base)
+        over_sum = sum_of_three("over_sum", partial_lo, high, ~stage.limit)
         over_limit = ~over_sum[49]           # product - limit - 1 >= 0
         late = Signal(data.StructLayout({
             "valid": 1, "instr": Instruction, "bus_error": 1, "lo": 32, "hi": 33,

@@ -24,11 +24,14 @@ class FetchedWord(data.Struct):
 
 def WordsSignature():
     """From the fetcher to the decoder, as the fetcher sees it: the fetched words, one a
-    cycle at most, never stalled (``word``); ``flush``, drop every word not yet issued (a
-    start, or a refetch); ``taken``, a word left the instruction queue for the issue stage.
-    The fetcher counts the words between (at most :data:`~hw.config.FETCH_DEPTH`)."""
+    cycle at most, never stalled (``word``); ``ahead``, what ``word.payload.instr`` holds
+    from the next edge (the decoder's multipliers register their operands from it);
+    ``flush``, drop every word not yet issued (a start, or a refetch); ``taken``, a word left
+    the instruction queue for the issue stage. The fetcher counts the words between (at
+    most :data:`~hw.config.FETCH_DEPTH`)."""
     return wiring.Signature({
         "word":  Out(stream.Signature(FetchedWord, always_ready=True)),
+        "ahead": Out(Instruction),
         "flush": Out(1),
         "taken": In(1),
     })
@@ -220,6 +223,7 @@ class Fetcher(wiring.Component):
         fetching = reader_busy & ~reader_is_load
         m.d.sync += [words.word.valid.eq(word_in), words.word.payload.bus_error.eq(0),
                      words.word.payload.instr.eq(reader.row.payload)]
+        m.d.comb += words.ahead.eq(reader.row.payload)
         with m.If(fetching & reader.row.valid):
             m.d.comb += word_in.eq(1)
             m.d.comb += fetch_left_next.eq(fetch_left - 1)

@@ -152,9 +152,13 @@ class Streamer(wiring.Component):
             Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),
                    "streamer: drained out of step"),
         ]
-        free = Signal()              # a MATMUL issued now streams right behind
+        # A MATMUL issued now streams right behind: idle, or reading the last row this cycle
+        # (``~busy | last``, a flip-flop of its own: its LUT came before the scratchpad read
+        # address's choice, on the way to the scratchpad's forwarding compare).
+        free, free_next = Signal(init=1), Signal()
+        m.d.sync += [free.eq(free_next),
+                     Assert(free == (~busy | last), "streamer: free out of step")]
         m.d.comb += [
-            free.eq(~busy | last),               # reading its last row this cycle
             status.spad.eq(spad),
             status.macs.eq(macs),
             status.full.eq(full),
@@ -227,9 +231,8 @@ class Streamer(wiring.Component):
         # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
         # free now and no MATMUL issues or one of one row does, or on the row before the last.
         status_busy = status_copy(m, "stream_busy", busy, busy_next)
-        status_free = status_copy(m, "stream_free", free,
-                                  Mux(free, ~cmd.valid | (matmul.rows == 1), rows_after == 1),
-                                  init=1)
+        m.d.comb += free_next.eq(Mux(free, ~cmd.valid | (matmul.rows == 1), rows_after == 1))
+        status_free = status_copy(m, "stream_free", free, free_next, init=1)
         m.d.comb += [status.busy.eq(status_busy), status.free.eq(status_free),
                      status.follows.eq(status_free)]
         m.d.comb += [
