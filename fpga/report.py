@@ -492,7 +492,8 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   writes and read addresses into registers before decoding them (its reads pick a word per
   group of eight registers first), the decoder's head and front registers load in nine
   slices under copies of their valid flags, its bounds' operands are picked in its input
-  register and each range check is one carry chain, a read command carries its first
+  register, its bounds' partial products are made a stage early (from the fetcher's next
+  word) and copied into fabric registers, and each range check is one carry chain, a read command carries its first
   row's beats and its second row's address from its requester (the reader steps the next
   row's address in a register), `LOAD_QUANT` checks each lane into a flag of its own,
   the issue stage flags the program's last instruction a cycle ahead, counts stalls a
@@ -503,13 +504,13 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   words it holds, the reader frames a one-beat burst from its address registers, and each
   of the writer's copy sets makes its own row load. nextpnr's router1 routes it (router2
   left several times more failing paths on the same placements: docs/fpga-timing.md). What
-  is left is wire and a few LUT levels: 5 to 15 (4x4) and 23 to 146 (8x8) endpoints miss
+  is left is wire and a few LUT levels: 17 to 137 (4x4) and 26 to 168 (8x8) endpoints miss
   8 ns on the runs above (`python -m fpga.sta` lists them), most from one place: the
   issue decision (from its hazard flags and status copies, about four LUT levels) into the
   registers it enables across the die (the decoder's head and front slices and their
-  valid copies, the units' command registers, the hazard flags themselves), 5.6 to 7.5 ns
-  of it routing; the rest in small groups (the reader's burst loop, the decoder's bounds
-  product into its second stage, the stop registers). A plain register on the issue decision or on the reader's command costs
+  valid copies, the weight loader's and the streamer's registers, the hazard flags
+  themselves), 5.5 to 7.3 ns of it routing; the rest in small groups (the DMA writer's
+  row, the reader's length queue and burst loop, the requantizer's stages). A plain register on the issue decision or on the reader's command costs
   more than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points
   on 16 x 64 x 64).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
@@ -630,7 +631,7 @@ flow) rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal a
 since `42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
 MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
 oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 90 MHz, what the 8x8's board build met on `5753002`: 112.23 MHz; the
+`fpga/board.py`, 110 MHz, what the 8x8's board build met on `b2842bc`: 119.09 MHz; the
 board's own place and route reports its Fmax at the end of this page
 when a build has finished; nextpnr's router1, as the flow), with the divisors Project
 Trellis' `ecppll` would
