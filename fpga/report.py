@@ -493,8 +493,8 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   group of eight registers first), the decoder's head and front registers load in nine
   slices under copies of their valid flags, its bounds' operands are picked in its input
   register, its bounds' partial products are made a stage early (from the fetcher's next
-  word) and copied into fabric registers, and each range check is one carry chain, a read command carries its first
-  row's beats and its second row's address from its requester (the reader steps the next
+  word) and copied into fabric registers, and each range check is one carry chain, a read
+  command carries its first row's beats and its second row's address from its requester (the reader steps the next
   row's address in a register), `LOAD_QUANT` checks each lane into a flag of its own,
   the issue stage flags the program's last instruction a cycle ahead, counts stalls a
   cycle late (from registered flags), forms the pc's enable beside the decision and orders
@@ -509,7 +509,7 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   issue decision (from its hazard flags and status copies, about four LUT levels) into the
   registers it enables across the die (the decoder's head and front slices and their
   valid copies, the weight loader's and the streamer's registers, the hazard flags
-  themselves), 5.5 to 7.3 ns of it routing; the rest in small groups (the DMA writer's
+  themselves), 6.6 to 7.1 ns of it routing; the rest in small groups (the DMA writer's
   row, the reader's length queue and burst loop, the requantizer's stages). A plain register on the issue decision or on the reader's command costs
   more than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points
   on 16 x 64 x 64).
