@@ -110,6 +110,7 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
             record = (payload.instr.as_bits(), payload.lo, payload.hi, payload.check,
                       payload.bus_error, (payload.spad.lo, payload.spad.hi),
                       (payload.acc.lo, payload.acc.hi),
+                      (payload.written_spad_hi, payload.read_acc_hi),
                       {name: getattr(payload.kind, name) for name in KIND_FIELDS})
             context = f"seed {seed} cycle {cycle}"
             assert valid == head, f"{context}: decoded.valid"
@@ -143,7 +144,8 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
 def assert_decoded(word, record, context, bus_error=0):
     code, lo, hi = reference(word)
     spad, acc = row_ranges(word)
-    got_word, got_lo, got_hi, got_check, got_bus_error, got_spad, got_acc, got_kind = record
+    got_word, got_lo, got_hi, got_check, got_bus_error, got_spad, got_acc, got_ends, \
+        got_kind = record
     assert (got_word, got_bus_error) == (word, bus_error), context
     assert ErrorCode(got_check) == code, f"{context}: {ErrorCode(got_check).name}, " \
         f"expected {code.name}"
@@ -163,6 +165,10 @@ def assert_decoded(word, record, context, bus_error=0):
     }
     assert got_kind == {name: int(flag) for name, flag in expected_kind.items()}, \
         f"{context}: kind {got_kind}"
+    # The ends compared with the streamer's rows: a LOAD_SPAD's scratchpad rows, a store's
+    # accumulator rows, 0 for every other kind.
+    assert got_ends == (spad["hi"] if expected_kind["load_spad"] else 0,
+                        acc["hi"] if expected_kind["store"] else 0), f"{context}: {got_ends}"
 
 
 def test_register_stage():

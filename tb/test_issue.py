@@ -43,8 +43,18 @@ def decoded(word, *, check=0, bus_error=0, lo=0, hi=0):
     kind = {name: int(instr.opcode in [op.value for op in opcodes])
             for name, opcodes in KIND_OPCODES.items()}
     kind["faulty"] = int(bool(check or bus_error))
-    return {"instr": instr, "lo": lo, "hi": hi, "spad": spad,
-            "acc": acc, "check": check, "bus_error": bus_error, "kind": kind}
+    return {"instr": instr, "lo": lo, "hi": hi, "spad": spad, "acc": acc,
+            "written_spad_hi": spad["hi"] if kind["load_spad"] else 0,
+            "read_acc_hi": acc["hi"] if kind["store"] else 0,
+            "check": check, "bus_error": bus_error, "kind": kind}
+
+
+def dram_bytes(word):
+    """DRAM bytes ``[lo, hi)`` for ``word`` in the hazard cases: (0, 0) for the kinds that
+    touch none, as the decoder gives them."""
+    if decode(word)[0] in (Opcode.END, Opcode.PRELOAD, Opcode.MATMUL):
+        return 0, 0
+    return (0x2000, 0x2006) if word == LOAD_SPAD else (0x10, 0x14)
 
 
 def set_head(ctx, dut, word, *, valid=1, **fields):
@@ -278,7 +288,7 @@ def test_hazards():
                 await ctx.tick()
             set_status(ctx, dut, **{unit: dict(fields) for unit, fields in statuses.items()
                                     if unit not in ("lead", "then", "after")})
-            lo, hi = (0x2000, 0x2006) if word == LOAD_SPAD else (0x10, 0x14)
+            lo, hi = dram_bytes(word)
             if index % 2:
                 set_head(ctx, dut, END, valid=0)
                 ctx.set(dut.next_head.entry, decoded(word, lo=lo, hi=hi))
@@ -348,7 +358,7 @@ def test_hazard_with_the_instruction_issued_just_before(unit, statuses, first, s
     """A unit that follows the head takes the rows of the instruction issued in that cycle:
     the comparison made a cycle ahead uses those (the head's), not the unit's rows of that
     cycle, so an instruction over them right behind waits (for each kind of hazard flag)."""
-    lo, hi = (0x2000, 0x2006) if second == LOAD_SPAD else (0x10, 0x14)
+    lo, hi = dram_bytes(second)
 
     async def body(ctx, dut):
         await start(ctx, dut)

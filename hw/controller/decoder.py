@@ -38,7 +38,7 @@ class _CheckFlags(data.Struct):
 #: which follow the head while idle) in four, its DRAM bytes, its rows, and what the issue
 #: stage decides from.
 HEAD_SLICES = decoded_slices(("instr",), ("lo",), ("hi",), ("spad",), ("acc",),
-                             ("check", "bus_error", "kind"))
+                             ("written_spad_hi", "read_acc_hi"), ("check", "bus_error", "kind"))
 
 
 class Decoder(wiring.Component):
@@ -330,7 +330,9 @@ class Decoder(wiring.Component):
         for name, opcodes in KIND_OPCODES.items():
             m.d.comb += entry.kind[name].eq(Cat(*[late.instr.opcode == op
                                                   for op in opcodes]).any())
-        m.d.comb += entry.kind.faulty.eq(late.bus_error | (entry.check != 0))
+        m.d.comb += [entry.kind.faulty.eq(late.bus_error | (entry.check != 0)),
+                     entry.written_spad_hi.eq(Mux(entry.kind.load_spad, late.spad.hi, 0)),
+                     entry.read_acc_hi.eq(Mux(entry.kind.store, late.acc.hi, 0))]
 
         # The queue's head waits in a register until the issue stage takes it. The head and
         # the front register before it are loaded in slices (HEAD_SLICES), each under its
@@ -349,48 +351,43 @@ class Decoder(wiring.Component):
         m.d.comb += [self.decoded.payload.eq(head), self.next.entry.eq(front)]
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
+        # Every term that ``ready`` enters is written with ``ready`` in its last LUT (the
+        # flags as their next values chosen by it, the enables with it as one input; ``ready``
+        # implies a valid head): it comes out of the issue decision late in the cycle.
         for copy, front_copy, (start, stop) in zip(copies, front_copies, HEAD_SLICES):
-            take = front_copy & (~copy | ready)        # the head takes the front entry
-            with m.If(ready):
-                m.d.sync += copy.eq(0)
-            with m.If(take):
-                m.d.sync += [copy.eq(1), front_copy.eq(0)]
+            with m.If(front_copy & (~copy | ready)):   # the head takes the front entry
                 m.d.sync += head.as_value()[start:stop].eq(front.as_value()[start:stop])
-            with m.If(queue.r_rdy & (~front_copy | take)):
-                m.d.sync += front_copy.eq(1)
+            with m.If(queue.r_rdy & (~front_copy | ~copy | ready)):
                 m.d.sync += front.as_value()[start:stop].eq(stored.as_value()[start:stop])
-            with m.If(flush):
-                m.d.sync += [copy.eq(0), front_copy.eq(0)]
+            m.d.sync += [copy.eq(~flush & Mux(ready, front_copy, front_copy | copy)),
+                         front_copy.eq(~flush & (queue.r_rdy | (~ready & front_copy & copy)))]
         # END at the head, as the flags above: the issue stage stops fetching with it (the
         # head's END through the issue stage and the fetcher's grant to the reader: long).
         end_at_head = Signal()
-        with m.If(ready):
-            m.d.sync += end_at_head.eq(0)
-        with m.If(front_copies[0] & (~copies[0] | ready)):
-            m.d.sync += end_at_head.eq(front.kind.end)
-        with m.If(flush):
-            m.d.sync += end_at_head.eq(0)
+        m.d.sync += end_at_head.eq(~flush & Mux(
+            ready, front_copies[0] & front.kind.end,
+            Mux(front_copies[0] & ~copies[0], front.kind.end, end_at_head)))
         m.d.comb += self.next.end_at_head.eq(end_at_head)
         # The head's kind flags while it is valid and not faulty, for the issue decision, from
         # flip-flops of their own (the head's also go to the units and the error logic, which
         # placed them), loaded with their next value from the slice that holds the kind.
         kind_copy, kind_front_copy = copies[-1], front_copies[-1]
         assert HEAD_SLICES[-1][1] == data.Layout.cast(Decoded).size
-        kind_take = kind_front_copy & (~kind_copy | ready)
-        kind_valid_next = ~flush & (kind_take | (kind_copy & ~ready))
-        kind_next = Mux(kind_take, front.kind.as_value(), head.kind.as_value())
-        kind_next = data.View(data.Layout.cast(Decoded)["kind"].shape, kind_next)
+        kind_kept = data.View(data.Layout.cast(Decoded)["kind"].shape, Mux(
+            kind_front_copy & ~kind_copy, front.kind.as_value(), head.kind.as_value()))
 
         def issuable_of(valid, kind):
             return Cat(*[valid & ~kind.faulty & kind[name] for name in Issuable.members])
 
         m.d.comb += self.next.issuable.eq(status_copy(
-            m, "issuable", issuable_of(copies[0], head.kind),
-            issuable_of(kind_valid_next, kind_next)))
+            m, "issuable", issuable_of(copies[0], head.kind), ~flush.replicate(
+                len(Issuable.members)) & Mux(ready, issuable_of(kind_front_copy, front.kind),
+                                             issuable_of(kind_front_copy | kind_copy,
+                                                         kind_kept))))
         m.d.sync += Assert(end_at_head == (copies[0] & head.kind.end),
                            "decoder: end_at_head out of step")
         taken = front_copies[0] & (~copies[0] | ready)
-        m.d.comb += queue.r_en.eq(~front_copies[0] | taken)
+        m.d.comb += queue.r_en.eq(~front_copies[0] | ~copies[0] | ready)
         with m.If(taken):
             m.d.comb += [words.taken.eq(1), self.next.load.eq(1)]
         m.d.comb += self.decoded.valid.eq(copies[0])

@@ -1,7 +1,7 @@
 """The issue stage: runs the program (start, stop, errors), takes decoded instructions in
 program order and hands each to its unit once no hazard holds it back."""
 
-from amaranth.hdl import Assert, Cat, Module, Mux, Signal
+from amaranth.hdl import Assert, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -129,7 +129,7 @@ class IssueStage(wiring.Component):
 
         # ------------------------------------------------------------ hazards
         head = self.decoded.payload
-        instr = head.instr
+        instr, kind = head.instr, head.kind
         drained = stream_.drained
 
         # Each comparison of the head with a unit's rows or bytes is made in the cycle
@@ -154,24 +154,33 @@ class IssueStage(wiring.Component):
         def holds(a, b):                 # a [lo, hi) range holds row b[0]
             return (a[0] <= b[0]) & (b[0] < a[1])
 
-        def against(name, compare, ours, theirs, follows=None, valid=1):
-            """The next head against what a unit's registers will hold: the head's if they
-            follow it, else their own (``theirs``). Both are compared, and ``follows`` (from
-            the unit's flip-flops) picks one after the comparators, beside the issue's
-            choice; ``valid`` (the next cycle's) is folded in."""
+        def against(name, compare, ours, theirs, follows=None, valid=1, taken=None):
+            """The next head (``ours`` of it) against what a unit's registers will hold: the
+            head's (``taken`` of it, by default ``ours``) if they follow it, else their own
+            (``theirs``). Both are compared, and ``follows`` (from the unit's flip-flops)
+            picks one after the comparators, beside the issue's choice; ``valid`` (the next
+            cycle's) is folded in."""
             flag = Signal(name=f"{name}_ahead")
             entry, now = ours(self.next_head.entry), ours(head)
             if follows is None:
                 on_entry, on_head = compare(entry, theirs), compare(now, theirs)
             else:
-                on_entry = Mux(follows, compare(entry, now), compare(entry, theirs))
-                on_head = Mux(follows, compare(now, now), compare(now, theirs))
+                took = (taken or ours)(head)
+                on_entry = Mux(follows, compare(entry, took), compare(entry, theirs))
+                on_head = Mux(follows, compare(now, took), compare(now, theirs))
             m.d.sync += flag.eq(valid & Mux(self.next_head.load, on_entry, on_head))
             return flag
 
-        spad_vs_stream, spad_vs_weights, spad_vs_load = (
+        # Each flag holds only for a head of the kinds it stops or of kinds that wait for the
+        # whole unit anyway: other kinds' ranges are empty, or 0 in the ends compared with
+        # the streamer's (Decoded). So the decision ORs all flags (``hazard``), a LUT level
+        # less than choosing them by kind as the chain of stalls does (asserted equal).
+        spad_vs_stream = against("spad_vs_stream", overlaps,
+                                 lambda e: (e.spad.lo, e.written_spad_hi), pair(stream_.spad),
+                                 stream_.follows, taken=spad_of)
+        spad_vs_weights, spad_vs_load = (
             against(f"spad_vs_{name}", overlaps, spad_of, pair(unit.spad), unit.follows)
-            for name, unit in (("stream", stream_), ("weights", weights), ("load", load)))
+            for name, unit in (("weights", weights), ("load", load)))
         acc_vs_store = against("acc_vs_store", overlaps, acc_of, pair(store.acc),
                                store.follows)
         bytes_vs_store = against("bytes_vs_store", overlaps, bytes_of,
@@ -180,39 +189,51 @@ class IssueStage(wiring.Component):
         # and for the writes of its rows that its first read, in the cycle after the issue,
         # would miss: those in the accumulator's pipeline one and two cycles after their
         # acceptance (next cycle, this cycle's write and the first of them).
+        def read_acc_of(entry):
+            return (entry.acc.lo, entry.read_acc_hi)
+
         store_raw = Cat(*[stream_.writes[i].valid &
-                          against(f"acc_vs_slot{i}", overlaps, acc_of,
-                                  pair(stream_.writes[i].acc), stream_.slot_follows[i])
+                          against(f"acc_vs_slot{i}", overlaps, read_acc_of,
+                                  pair(stream_.writes[i].acc), stream_.slot_follows[i],
+                                  taken=acc_of)
                           for i in range(WRITEBACK_SLOTS)]).any()
         # Each is one flip-flop, the write's valid flag folded into the comparison made a cycle
         # ahead (the valid flags sit by the accumulator, across the die; asserted).
         unseen_next = [stream_.writing, stream_.unseen[0]]
         assert len(unseen_next) == len(stream_.unseen)
         for i, (write, unseen) in enumerate(zip(unseen_next, stream_.unseen)):
-            hit = against(f"acc_vs_unseen{i}", holds, acc_of, (write.addr,), valid=write.valid)
+            hit = against(f"acc_vs_unseen{i}", holds, read_acc_of, (write.addr,),
+                          valid=write.valid)
             m.d.sync += Assert(~running | ~self.decoded.valid |
-                               (hit == (unseen.valid & holds(acc_of(head), (unseen.addr,)))),
+                               (hit == (unseen.valid & holds(read_acc_of(head), (unseen.addr,)))),
                                f"issue stage: the comparison with unseen write {i} out of step")
             store_raw = store_raw | hit
         store_dram_hazard = store.busy & bytes_vs_store
 
         # Why the head waits, for the stall counters: for each kind of instruction (the
-        # decoder's flags, at most one set), the units it waits for.
-        kind = head.kind
-        waits = {   # kind: (load, array, store)
+        # decoder's flags, at most one set), the units it waits for, by their status alone
+        # and by the hazard flags.
+        status_waits = {   # kind: (load, array, store)
             "end":        (load.busy | self.fetch.reader_busy, weights.busy | ~drained,
                            store.busy),
-            "load_spad":  (load.busy, (stream_.busy & spad_vs_stream) |
-                           (weights.busy & spad_vs_weights), store_dram_hazard),
+            "load_spad":  (load.busy, 0, 0),
             "load_acc":   (load.busy, ~drained, store.busy),
             "load_quant": (load.busy, 0, store.busy),
-            "preload":    (load.to_spad & spad_vs_load, weights.busy, 0),
-            "matmul":     (load.to_acc | (load.to_spad & spad_vs_load),
-                           ~stream_.free | stream_.full | weights.busy,
-                           store.busy & acc_vs_store),
+            "preload":    (0, weights.busy, 0),
+            "matmul":     (load.to_acc, ~stream_.free | stream_.full | weights.busy, 0),
             # No load before a store may still fail.
-            "store":      (load.busy, store_raw, store.busy),
+            "store":      (load.busy, 0, store.busy),
         }
+        hazard_waits = {
+            "load_spad":  (0, (stream_.busy & spad_vs_stream) |
+                           (weights.busy & spad_vs_weights), store_dram_hazard),
+            "preload":    (load.to_spad & spad_vs_load, 0, 0),
+            "matmul":     (load.to_spad & spad_vs_load, 0, store.busy & acc_vs_store),
+            "store":      (0, store_raw, 0),
+        }
+        waits = {name: tuple(Value.cast(a) | b for a, b in zip(terms, hazard_waits.get(
+                     name, (0, 0, 0)))) for name, terms in status_waits.items()}
+        hazard = Cat(*[Value.cast(t) for terms in hazard_waits.values() for t in terms]).any()
         assert waits.keys() == KIND_OPCODES.keys()
         blocked_load, blocked_array, blocked_store = (
             Signal(name=f"blocked_{unit}") for unit in ("load", "array", "store"))
@@ -232,8 +253,8 @@ class IssueStage(wiring.Component):
         # beside ``issue`` (``issue & ~kind.end`` into the pc was a path of the 8x8).
         issuable, issue, advance = self.next_head.issuable, Signal(), Signal()
         for flag, kinds in ((issue, waits), (advance, [k for k in waits if k != "end"])):
-            m.d.comb += flag.eq(go & ~self.fetch.refetch &
-                                Cat(*[issuable[name] & ~Cat(*waits[name]).any()
+            m.d.comb += flag.eq(go & ~self.fetch.refetch & ~hazard &
+                                Cat(*[issuable[name] & ~Cat(*status_waits[name]).any()
                                       for name in kinds]).any())
         m.d.sync += Assert(advance == (issue & ~kind.end), "issue stage: advance out of step")
         decided, issue_fault = Signal(), Signal(Fault)

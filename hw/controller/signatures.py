@@ -203,6 +203,11 @@ class Decoded(data.Struct):
     hi:        33
     spad:      RowRange   #: the scratchpad rows it touches
     acc:       RowRange   #: the accumulator rows it touches
+    #: ``spad.hi`` for a LOAD_SPAD, ``acc.hi`` for a STORE or STORE_Q, else 0 (the range
+    #: empty): the ends the issue stage compares with the streamer's rows, so that its
+    #: flags hold only for the kinds they stop
+    written_spad_hi: 17
+    read_acc_hi: 17
     check:     8
     bus_error: 1
     kind:      Kind

@@ -139,14 +139,20 @@ class Streamer(wiring.Component):
         # The accumulator is busy in the next cycle with this cycle's write and the two before
         # it (its s1 and s2, ``unseen``): its own ``busy`` adds the one in S, written now.
         acc_busy_next = self.acc.en | Cat(*[write.valid for write in self.acc.unseen]).any()
-        m.d.sync += [
-            full.eq(queued_next == WRITEBACK_SLOTS),
-            drained.eq(~busy_next & (queued_next == 0) & ~acc_busy_next),
-        ]
-        for i in range(WRITEBACK_SLOTS):
+
+        def flags_after(issued):
+            """``full``, ``drained`` and the slots in use after the next edge, if a MATMUL
+            issues now (``issued``, a constant) or not: both are formed before the issue
+            decision, which comes late in the cycle and only chooses between them."""
+            queued_after = queued + issued - pop
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
-            m.d.sync += in_use[i].eq(((head_next == i) & (queued_next >= 1)) |
-                                     ((head_next != i) & (queued_next == 2)))
+            return Cat(queued_after == WRITEBACK_SLOTS,
+                       ~(issued | (busy & ~last)) & (queued_after == 0) & ~acc_busy_next,
+                       *[((head_next == i) & (queued_after >= 1)) |
+                         ((head_next != i) & (queued_after == 2))
+                         for i in range(WRITEBACK_SLOTS)])
+        m.d.sync += Cat(full, drained, in_use).eq(Mux(cmd.valid, flags_after(1),
+                                                      flags_after(0)))
         m.d.sync += [
             Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
             Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),

@@ -75,11 +75,12 @@ class WeightLoader(wiring.Component):
         # ``guard == 0`` kept in a flip-flop beside the count, so that the read's enable
         # (into the scratchpad's block RAM, across the die) waits for no comparison; the
         # address is the register itself (it does not matter while the port is not enabled).
+        # ``commit.take`` (a MATMUL's issue) comes late in the cycle: it only chooses between
+        # next values formed without it (no enable made of it).
         guard_zero = Signal(init=1)
-        with m.If(guard != 0):
-            m.d.sync += [guard.eq(guard - 1), guard_zero.eq(guard == 1)]
-        with m.If(self.commit.take & pending):
-            m.d.sync += [guard.eq(rows + cols - 1), guard_zero.eq(0)]
+        fresh = self.commit.take & pending
+        m.d.sync += [guard.eq(Mux(fresh, rows + cols - 1, guard - ~guard_zero)),
+                     guard_zero.eq(~fresh & (guard_zero | (guard == 1)))]
         m.d.sync += Assert(guard_zero == (guard == 0), "weight loader: guard_zero out of step")
 
         m.d.sync += [read.eq(0), arrive.eq(read)]
@@ -87,9 +88,9 @@ class WeightLoader(wiring.Component):
         with m.If(busy & guard_zero):
             m.d.sync += [read.eq(1), count.eq(count + 1), read_addr.eq(read_addr - 1)]
             with m.If(count == rows - 1):
-                m.d.sync += [busy.eq(0), pending.eq(1)]
-        with m.If(self.commit.take):
-            m.d.sync += pending.eq(0)
+                m.d.sync += busy.eq(0)
+        m.d.sync += pending.eq(~self.commit.take &
+                               (pending | (busy & guard_zero & (count == rows - 1))))
         # The issue stage's copy of ``busy``: set as a PRELOAD issues (only while idle),
         # cleared as the last row is read.
         m.d.comb += status.busy.eq(status_copy(
