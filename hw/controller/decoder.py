@@ -340,10 +340,10 @@ class Decoder(wiring.Component):
         # its cycle) reaches two enables per slice, not the enables of all the head's and
         # the front's flip-flops (one net to the head's 268 was the NPU's longest path, one
         # to the front's, inside a SyncFIFOBuffered, a group of 268 failing endpoints; four
-        # slices were still groups of 148 and 268 on the 8x8, so the slices are now nine).
+        # slices were still groups of 148 and 268 on the 8x8: now nine or more, of 33 bits).
         # Every copy of a flag holds the same value (asserted). The two registers have no
         # reset (the copies of the flags say whether they hold an entry), so that the core
-        # reset reaches only the flags, not their 2 x 268 flip-flops.
+        # reset reaches only the flags, not their 2 x 310 flip-flops.
         ready = self.decoded.ready
         head = Signal(Decoded, reset_less=True)
         front = Signal(Decoded, reset_less=True)
