@@ -473,7 +473,9 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   decoder checks an instruction's DRAM range in a stage of its own, the issue stage
   compares a cycle ahead and decides from flip-flops made for the decision (the head's
   issuable kinds, one flag for the run's state, copies of the fetcher's refetch and of the
-  units' busy flags, END at the head from the decoder's own flip-flop), faults reach the
+  units' busy flags, END at the head from the decoder's own flip-flop; its hazard flags
+  ORed for every kind, each holding only for the kinds it stops, and the decision the last
+  input of every register it reaches), faults reach the
   error arbiter from flip-flops, the fetcher keeps the
   program and makes its refetch from registers, and no reset reaches a data register
   that a valid flag qualifies (the core reset, registered once per block of the
@@ -490,11 +492,12 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   last adder, the store unit copies its row selects, the load unit its staging enable, the
   streamer picks the accumulator port's rows by flip-flops of its own, the host takes
   writes and read addresses into registers before decoding them (its reads pick a word per
-  group of eight registers first), the decoder's head and front registers load in nine
+  group of eight registers first), the decoder's head and front registers load in eleven
   slices under copies of their valid flags, its bounds' operands are picked in its input
   register, its bounds' partial products are made a stage early (from the fetcher's next
   word) and copied into fabric registers, and each range check is one carry chain, a read
-  command carries its first row's beats and its second row's address from its requester (the reader steps the next
+  command carries its first row's beats and its second row's address from its requester
+  (the reader steps the next
   row's address in a register), `LOAD_QUANT` checks each lane into a flag of its own,
   the issue stage flags the program's last instruction a cycle ahead, counts stalls a
   cycle late (from registered flags), forms the pc's enable beside the decision and orders
@@ -504,13 +507,18 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   words it holds, the reader frames a one-beat burst from its address registers, and each
   of the writer's copy sets makes its own row load. nextpnr's router1 routes it (router2
   left several times more failing paths on the same placements: docs/fpga-timing.md). What
-  is left is wire and a few LUT levels: 17 to 137 (4x4) and 26 to 168 (8x8) endpoints miss
-  8 ns on the runs above (`python -m fpga.sta` lists them), most from one place: the
-  issue decision (from its hazard flags and status copies, about four LUT levels) into the
-  registers it enables across the die (the decoder's head and front slices and their
-  valid copies, the weight loader's and the streamer's registers, the hazard flags
-  themselves), 6.6 to 7.1 ns of it routing; the rest in small groups (the DMA writer's
-  row, the reader's length queue and burst loop, the requantizer's stages). A plain register on the issue decision or on the reader's command costs
+  is left is wire and a few LUT levels: 4 to 41 (4x4) and 151 to 187 (8x8) endpoints miss
+  8 ns on the runs above (`python -m fpga.sta` lists them), most from one place: the issue
+  decision (from its status copies and hazard flags, about three LUT levels) into the
+  registers it enables across the die (the decoder's front and head slices on every 8x8
+  run, -0.26 to -0.74 ns; the fetcher's thermometer of the words it holds on six of the
+  eight runs, -0.17 to -0.84), 6.2 to 6.9 ns of it routing and 1.5 to 2.3 of logic; then
+  the comparisons
+  into the hazard flags (3.1 to 3.3 ns of logic with their carry chains, -0.45 and -0.86
+  ns on the 4x4 seeds 1 and 4)
+  and small groups that the placement put far apart (the DMA reader's burst loop, -0.89 on
+  the 8x8 seed 4; the stop registers, -1.33 on the 4x4 seed 4). A plain register on the
+  issue decision or on the reader's command costs
   more than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points
   on 16 x 64 x 64).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
