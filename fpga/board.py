@@ -42,9 +42,8 @@ __all__ = ["BOARDS", "BoardTop", "board_pll", "board_plan", "build_board", "CLOC
 #: The board's default NPU clock in MHz, what the PLL makes from the 25 MHz oscillator
 #: (exactly: ``tb/test_fpga.py`` checks it). It is what the 8x8's board build meets on the
 #: tree it was set for (b2842bc: 119.09 MHz on the board's own placement at a 110 MHz
-#: constraint, and at 100; the decoder's bounds product, the board's worst path at 100 MHz
-#: on 28e8490, left the multiplier's output register), at the 110 to 116 MHz of the 8x8's
-#: out-of-context runs (docs/fpga-timing.md). Set it again when that changes.
+#: constraint; c5f0cc5: 115.69), at the 112 to 117 MHz of the 8x8's out-of-context runs
+#: (docs/fpga-timing.md). Set it again when that changes.
 CLOCK_MHZ = 110
 
 
