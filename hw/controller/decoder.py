@@ -352,8 +352,8 @@ class Decoder(wiring.Component):
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         # Every term that ``ready`` enters is written with ``ready`` in its last LUT (the
-        # flags as their next values chosen by it, the enables with it as one input; ``ready``
-        # implies a valid head): it comes out of the issue decision late in the cycle.
+        # flags as their next values chosen by it, the enables with it as one input): it
+        # comes out of the issue decision late in the cycle.
         for copy, front_copy, (start, stop) in zip(copies, front_copies, HEAD_SLICES):
             with m.If(front_copy & (~copy | ready)):   # the head takes the front entry
                 m.d.sync += head.as_value()[start:stop].eq(front.as_value()[start:stop])

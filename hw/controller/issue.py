@@ -148,6 +148,12 @@ class IssueStage(wiring.Component):
         def bytes_of(entry):
             return (entry.lo, entry.hi)
 
+        def written_spad_of(entry):      # a LOAD_SPAD's rows, empty for other kinds
+            return (entry.spad.lo, entry.written_spad_hi)
+
+        def read_acc_of(entry):          # a store's rows, empty for other kinds
+            return (entry.acc.lo, entry.read_acc_hi)
+
         def pair(rows):
             return (rows.lo, rows.hi)
 
@@ -175,9 +181,8 @@ class IssueStage(wiring.Component):
         # whole unit anyway: other kinds' ranges are empty, or 0 in the ends compared with
         # the streamer's (Decoded). So the decision ORs all flags (``hazard``), a LUT level
         # less than choosing them by kind as the chain of stalls does (asserted equal).
-        spad_vs_stream = against("spad_vs_stream", overlaps,
-                                 lambda e: (e.spad.lo, e.written_spad_hi), pair(stream_.spad),
-                                 stream_.follows, taken=spad_of)
+        spad_vs_stream = against("spad_vs_stream", overlaps, written_spad_of,
+                                 pair(stream_.spad), stream_.follows, taken=spad_of)
         spad_vs_weights, spad_vs_load = (
             against(f"spad_vs_{name}", overlaps, spad_of, pair(unit.spad), unit.follows)
             for name, unit in (("weights", weights), ("load", load)))
@@ -189,9 +194,6 @@ class IssueStage(wiring.Component):
         # and for the writes of its rows that its first read, in the cycle after the issue,
         # would miss: those in the accumulator's pipeline one and two cycles after their
         # acceptance (next cycle, this cycle's write and the first of them).
-        def read_acc_of(entry):
-            return (entry.acc.lo, entry.read_acc_hi)
-
         store_raw = Cat(*[stream_.writes[i].valid &
                           against(f"acc_vs_slot{i}", overlaps, read_acc_of,
                                   pair(stream_.writes[i].acc), stream_.slot_follows[i],

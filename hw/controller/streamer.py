@@ -131,8 +131,9 @@ class Streamer(wiring.Component):
         busy_next = Signal()
         head_next = Signal.like(head)
         queued_next = Signal.like(queued)
+        stays = busy & ~last         # streaming in the next cycle without a new MATMUL
         m.d.comb += [
-            busy_next.eq(cmd.valid | (busy & ~last)),
+            busy_next.eq(cmd.valid | stays),
             head_next.eq(head ^ pop),
             queued_next.eq(queued + push - pop),
         ]
@@ -147,7 +148,7 @@ class Streamer(wiring.Component):
             queued_after = queued + issued - pop
             # Slot i is in use when it is the head and the queue is not empty, or the tail.
             return Cat(queued_after == WRITEBACK_SLOTS,
-                       ~(issued | (busy & ~last)) & (queued_after == 0) & ~acc_busy_next,
+                       ~(issued | stays) & (queued_after == 0) & ~acc_busy_next,
                        *[((head_next == i) & (queued_after >= 1)) |
                          ((head_next != i) & (queued_after == 2))
                          for i in range(WRITEBACK_SLOTS)])
@@ -184,7 +185,7 @@ class Streamer(wiring.Component):
         m.d.comb += [self.spad.en.eq(1),
                      self.spad.addr.eq(Mux(free, cmd.payload.spad.lo, read_addr))]
         m.d.sync += [
-            read.eq(cmd.valid | (busy & ~last)),
+            read.eq(busy_next),
             read_commit.eq(cmd.valid & self.commit.pending),
             arrive.eq(read),
             arrive_commit.eq(read_commit),
