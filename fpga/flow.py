@@ -181,12 +181,14 @@ def elaborate(config, *, device="LFE5U-85F", mac="dsp", mac_pipeline=ECP5_MAC_PI
 #: requantization state, the decoder's head and front valid flags, once per slice, the DMA
 #: writer's state, once per word of its beats, the DMA reader's row offset, once per byte
 #: lane, and its row's clear and beat enable, once per word, and the flags the issue stage
-#: reads (``status_copy``). After ``proc``.
+#: reads (``status_copy``). After ``proc``. Then the nets of logic written as trees of
+#: LUT-sized terms (``lut_term``: the issue decision), kept as nets (not their cells).
 KEEP_APART = ("setattr -set keep 1 w:*weight_shift_row_* w:*forward_lane_* %u "
               "w:*param_lane_* %u w:*select_lane_* %u w:*core_reset_* %u "
-              "w:*head_valid_slice_* %u w:*front_valid_slice_* %u w:*stage_lane_* %u "
-              "w:*state_word_* %u w:*offset_lane_* %u w:*clear_word_* %u w:*status_copy_* %u "
-              "w:*beat_word_* %u w:*due_lane_* %u %ci1 c:* %i")
+              "w:*head_valid_slice_* %u w:*front_valid_slice_* %u w:*both_valid_slice_* %u "
+              "w:*stage_lane_* %u w:*state_word_* %u w:*offset_lane_* %u w:*clear_word_* %u "
+              "w:*status_copy_* %u w:*beat_word_* %u w:*due_lane_* %u %ci1 c:* %i\n"
+              "setattr -set keep 1 w:*lut_term_*")
 
 _YOSYS_SCRIPT = """\
 read_verilog {verilog}

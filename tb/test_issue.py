@@ -63,11 +63,20 @@ def set_head(ctx, dut, word, *, valid=1, **fields):
     payload = decoded(word, **fields)
     ctx.set(dut.decoded.payload, payload)
     ctx.set(dut.decoded.valid, valid)
-    ctx.set(dut.next_head.load, 0)
+    ctx.set(dut.next_head.load_if_issued, 0)
+    ctx.set(dut.next_head.load_if_held, 0)
     ctx.set(dut.next_head.end_at_head, valid and word == END)
     kind = payload["kind"]
     ctx.set(dut.next_head.issuable, {name: int(valid and not kind["faulty"] and kind[name])
                                      for name in KIND_OPCODES})
+
+
+def load_entry(ctx, dut, entry, *, head_valid):
+    """The decoder's front entry ``entry``, which the head takes at the next edge (if it
+    issues, or if it holds nothing: ``head_valid`` False)."""
+    ctx.set(dut.next_head.entry, entry)
+    ctx.set(dut.next_head.load_if_issued, 1)
+    ctx.set(dut.next_head.load_if_held, int(not head_valid))
 
 
 def clear_head(ctx, dut):
@@ -291,8 +300,7 @@ def test_hazards():
             lo, hi = dram_bytes(word)
             if index % 2:
                 set_head(ctx, dut, END, valid=0)
-                ctx.set(dut.next_head.entry, decoded(word, lo=lo, hi=hi))
-                ctx.set(dut.next_head.load, 1)
+                load_entry(ctx, dut, decoded(word, lo=lo, hi=hi), head_valid=False)
             else:
                 set_head(ctx, dut, word, lo=lo, hi=hi, valid=0)
             await ctx.tick()
@@ -364,8 +372,7 @@ def test_hazard_with_the_instruction_issued_just_before(unit, statuses, first, s
         await start(ctx, dut)
         set_status(ctx, dut, **{unit: statuses[0]})
         set_head(ctx, dut, first, lo=lo, hi=hi)           # (a store's DRAM bytes the second's)
-        ctx.set(dut.next_head.entry, decoded(second, lo=lo, hi=hi))
-        ctx.set(dut.next_head.load, 1)
+        load_entry(ctx, dut, decoded(second, lo=lo, hi=hi), head_valid=True)
         assert ctx.get(getattr(dut, unit).cmd.valid) == 1
         await ctx.tick()
         set_status(ctx, dut, **{unit: statuses[1]})

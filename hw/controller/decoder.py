@@ -337,13 +337,9 @@ class Decoder(wiring.Component):
         # The queue's head waits in a register until the issue stage takes it. The head and
         # the front register before it are loaded in slices (HEAD_SLICES), each under its
         # own copies of their valid flags: the issue decision (``decoded.ready``, late in
-        # its cycle) reaches two enables per slice, not the enables of all the head's and
-        # the front's flip-flops (one net to the head's 268 was the NPU's longest path, one
-        # to the front's, inside a SyncFIFOBuffered, a group of 268 failing endpoints; four
-        # slices were still groups of 148 and 268 on the 8x8: now nine or more, of 33 bits).
-        # Every copy of a flag holds the same value (asserted). The two registers have no
-        # reset (the copies of the flags say whether they hold an entry), so that the core
-        # reset reaches only the flags, not their 2 x 310 flip-flops.
+        # its cycle) reaches two enables per slice, not all 2 x 310 flip-flops' (one net
+        # to the head's was the NPU's longest path). The copies hold the same value
+        # (asserted). The registers have no reset: the core reset reaches only the flags.
         ready = self.decoded.ready
         head = Signal(Decoded, reset_less=True)
         front = Signal(Decoded, reset_less=True)
@@ -351,18 +347,25 @@ class Decoder(wiring.Component):
         m.d.comb += [self.decoded.payload.eq(head), self.next.entry.eq(front)]
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
-        # Every term that ``ready`` enters is written with ``ready`` in its last LUT (the
-        # flags as their next values chosen by it, the enables with it as one input): it
-        # comes out of the issue decision late in the cycle.
-        for copy, front_copy, (start, stop) in zip(copies, front_copies, HEAD_SLICES):
-            with m.If(front_copy & (~copy | ready)):   # the head takes the front entry
+        both_copies = [Signal(name=f"both_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
+        # Every term that ``ready`` enters has it in its last LUT (the flags as next values
+        # chosen by it). An empty register loads whatever is before it (its flag says it
+        # holds nothing), so each enable is one flag or ``ready``: one LUT with the
+        # decision's last terms (with the front's flag too, it was two; both_valid_slice_*).
+        for copy, front_copy, both, (start, stop) in zip(copies, front_copies, both_copies,
+                                                          HEAD_SLICES):
+            with m.If(~copy | ready):          # the head takes the front entry
                 m.d.sync += head.as_value()[start:stop].eq(front.as_value()[start:stop])
-            with m.If(queue.r_rdy & (~front_copy | ~copy | ready)):
+            with m.If(~both | ready):          # the front takes the queue's
                 m.d.sync += front.as_value()[start:stop].eq(stored.as_value()[start:stop])
-            m.d.sync += [copy.eq(~flush & Mux(ready, front_copy, front_copy | copy)),
-                         front_copy.eq(~flush & (queue.r_rdy | (~ready & front_copy & copy)))]
-        # END at the head, as the flags above: the issue stage stops fetching with it (the
-        # head's END through the issue stage and the fetcher's grant to the reader: long).
+            copy_next = ~flush & Mux(ready, front_copy, front_copy | copy)
+            front_next = ~flush & (queue.r_rdy | (~ready & front_copy & copy))
+            m.d.sync += [copy.eq(copy_next), front_copy.eq(front_next),
+                         both.eq(~flush & Mux(ready, front_copy & queue.r_rdy,
+                                              (front_copy | copy) &
+                                              (queue.r_rdy | (front_copy & copy)))),
+                         Assert(both == (copy & front_copy), "decoder: both_valid out of step")]
+        # END at the head, as the flags above: the issue stage stops fetching with it.
         end_at_head = Signal()
         m.d.sync += end_at_head.eq(~flush & Mux(
             ready, front_copies[0] & front.kind.end,
@@ -386,11 +389,11 @@ class Decoder(wiring.Component):
                                                          kind_kept))))
         m.d.sync += Assert(end_at_head == (copies[0] & head.kind.end),
                            "decoder: end_at_head out of step")
-        taken = front_copies[0] & (~copies[0] | ready)
-        m.d.comb += queue.r_en.eq(~front_copies[0] | ~copies[0] | ready)
-        with m.If(taken):
-            m.d.comb += [words.taken.eq(1), self.next.load.eq(1)]
-        m.d.comb += self.decoded.valid.eq(copies[0])
+        m.d.comb += [queue.r_en.eq(~front_copies[0] | ~copies[0] | ready),
+                     words.taken.eq(front_copies[0] & (~copies[0] | ready)),
+                     self.next.load_if_issued.eq(front_copies[0]),
+                     self.next.load_if_held.eq(front_copies[0] & ~copies[0]),
+                     self.decoded.valid.eq(copies[0])]
         for name, flags in (("head", copies), ("front", front_copies)):
             m.d.sync += Assert(Cat(*flags).all() | ~Cat(*flags).any(),
                                f"decoder: the {name}'s valid copies differ")

@@ -1,6 +1,8 @@
 """The issue stage: runs the program (start, stop, errors), takes decoded instructions in
 program order and hands each to its unit once no hazard holds it back."""
 
+from functools import partial
+
 from amaranth.hdl import Assert, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -11,7 +13,9 @@ from .error_arbiter import FAULT_SOURCES, ErrorArbiter
 from .fetcher import FetchControlSignature
 from .load_unit import LoadStatus
 from .signatures import (KIND_OPCODES, CountedEvents, Decoded, Fault, HostLinkSignature,
-                         NextHeadSignature, PerfCounters, UnitSignature, status_copy)
+                         NextHeadSignature, PerfCounters, UnitSignature, acc_of, bytes_of,
+                         holds, lut_term, overlaps, pair, read_acc_of, spad_of,
+                         status_copy, written_spad_of)
 from .store_unit import StoreStatus
 from .streamer import WRITEBACK_SLOTS, StreamStatus
 from .weight_loader import WeightStatus
@@ -66,11 +70,9 @@ class IssueStage(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         host = self.host
-        # The counters (performance and cycles, 288 flip-flops) are cleared in the cycle
-        # after a reset, by a flip-flop that the reset sets (``core_reset_counters``, kept
-        # apart on the FPGA): the stage's reset flip-flop reached them all, spread over the
-        # die. Nothing counts in that cycle (counting needs ``running``, which the reset
-        # clears), and a start in it sets them as always.
+        # The counters (288 flip-flops) are cleared in the cycle after a reset, by a flip-flop
+        # the reset sets (``core_reset_counters``): the stage's reset reached them all, over
+        # the die. Nothing counts in that cycle (``running`` is low); a start in it sets them.
         perf = Signal(PerfCounters, reset_less=True)
         cycles = Signal.like(host.cycles, name="cycles", reset_less=True)
         m.d.comb += [host.perf.eq(perf), host.cycles.eq(cycles)]
@@ -130,42 +132,16 @@ class IssueStage(wiring.Component):
         # ------------------------------------------------------------ hazards
         head = self.decoded.payload
         instr, kind = head.instr, head.kind
+        issue = Signal()                 # the decision (below)
         drained = stream_.drained
 
-        # Each comparison of the head with a unit's rows or bytes is made in the cycle
-        # before, into a register: between the next head (the decoder's entry if it loads
-        # one, else this head) and what the unit's registers will hold (the head's, if they
-        # follow it, else their own). Only the last choices wait for this cycle's issue.
-        def overlaps(a, b):              # [lo, hi) ranges, as (lo, hi) pairs
-            return (a[0] < b[1]) & (b[0] < a[1])
-
-        def spad_of(entry):
-            return (entry.spad.lo, entry.spad.hi)
-
-        def acc_of(entry):
-            return (entry.acc.lo, entry.acc.hi)
-
-        def bytes_of(entry):
-            return (entry.lo, entry.hi)
-
-        def written_spad_of(entry):      # a LOAD_SPAD's rows, empty for other kinds
-            return (entry.spad.lo, entry.written_spad_hi)
-
-        def read_acc_of(entry):          # a store's rows, empty for other kinds
-            return (entry.acc.lo, entry.read_acc_hi)
-
-        def pair(rows):
-            return (rows.lo, rows.hi)
-
-        def holds(a, b):                 # a [lo, hi) range holds row b[0]
-            return (a[0] <= b[0]) & (b[0] < a[1])
-
         def against(name, compare, ours, theirs, follows=None, valid=1, taken=None):
-            """The next head (``ours`` of it) against what a unit's registers will hold: the
-            head's (``taken`` of it, by default ``ours``) if they follow it, else their own
-            (``theirs``). Both are compared, and ``follows`` (from the unit's flip-flops)
-            picks one after the comparators, beside the issue's choice; ``valid`` (the next
-            cycle's) is folded in."""
+            """A comparison made in the cycle before, into a register: the next head (the
+            decoder's entry if it loads one, else this head; ``ours`` of it) against what a
+            unit's registers will hold: the head's (``taken`` of it, by default ``ours``) if
+            they follow it, else their own (``theirs``). All are compared; ``follows`` (from
+            the unit's flip-flops) picks after the comparators, the issue last; ``valid``
+            (the next cycle's) is folded in."""
             flag = Signal(name=f"{name}_ahead")
             entry, now = ours(self.next_head.entry), ours(head)
             if follows is None:
@@ -174,7 +150,9 @@ class IssueStage(wiring.Component):
                 took = (taken or ours)(head)
                 on_entry = Mux(follows, compare(entry, took), compare(entry, theirs))
                 on_head = Mux(follows, compare(now, took), compare(now, theirs))
-            m.d.sync += flag.eq(valid & Mux(self.next_head.load, on_entry, on_head))
+            m.d.sync += flag.eq(valid & Mux(issue,
+                                            Mux(self.next_head.load_if_issued, on_entry, on_head),
+                                            Mux(self.next_head.load_if_held, on_entry, on_head)))
             return flag
 
         # Each flag holds only for a head of the kinds it stops or of kinds that wait for the
@@ -194,11 +172,12 @@ class IssueStage(wiring.Component):
         # and for the writes of its rows that its first read, in the cycle after the issue,
         # would miss: those in the accumulator's pipeline one and two cycles after their
         # acceptance (next cycle, this cycle's write and the first of them).
-        store_raw = Cat(*[stream_.writes[i].valid &
-                          against(f"acc_vs_slot{i}", overlaps, read_acc_of,
-                                  pair(stream_.writes[i].acc), stream_.slot_follows[i],
-                                  taken=acc_of)
-                          for i in range(WRITEBACK_SLOTS)]).any()
+        slot_hazards = [stream_.writes[i].valid &
+                        against(f"acc_vs_slot{i}", overlaps, read_acc_of,
+                                pair(stream_.writes[i].acc), stream_.slot_follows[i],
+                                taken=acc_of)
+                        for i in range(WRITEBACK_SLOTS)]
+        unseen_hazards = []
         # Each is one flip-flop, the write's valid flag folded into the comparison made a cycle
         # ahead (the valid flags sit by the accumulator, across the die; asserted).
         unseen_next = [stream_.writing, stream_.unseen[0]]
@@ -209,7 +188,8 @@ class IssueStage(wiring.Component):
             m.d.sync += Assert(~running | ~self.decoded.valid |
                                (hit == (unseen.valid & holds(read_acc_of(head), (unseen.addr,)))),
                                f"issue stage: the comparison with unseen write {i} out of step")
-            store_raw = store_raw | hit
+            unseen_hazards.append(hit)
+        store_raw = Cat(*slot_hazards, *unseen_hazards).any()
         store_dram_hazard = store.busy & bytes_vs_store
 
         # Why the head waits, for the stall counters: for each kind of instruction (the
@@ -244,20 +224,40 @@ class IssueStage(wiring.Component):
                                         for name, terms in waits.items()]).any())
 
         # ------------------------------------------------------------ issue
-        # The decision: the run may issue (``go``, no ``refetch``) and the head's kind while
-        # valid and not faulty (the decoder's ``issuable``) waits for none of its units, each
-        # from copies made for it. The chain below (errors, stalls) decides the same (asserted).
+        # The decision: the run may issue (``go``, no ``refetch``), no hazard flag holds, and
+        # the head's kind while valid and not faulty (the decoder's ``issuable``) waits for
+        # none of its units by their status, each from copies made for it. Written as a tree
+        # of LUT-sized terms kept by synthesis (``lut_term``; as one expression ABC made six
+        # LUTs of it before the head's enables, now three), asserted equal to the tables
+        # above, as the chain below (errors, stalls) is. ``advance``: an issue of anything
+        # but END, the pc's enable (``issue & ~kind.end`` into the pc was a path of the 8x8).
         go = status_copy(m, "issue_go",
                          running & ~stopping & ~start_while_busy & ~at_prog_end,
                          running_next & ~stopping_next & ~start_while_busy_next &
                          ~at_prog_end_next)
-        # ``advance``: an issue of anything but END (kinds are one-hot), the pc's enable, formed
-        # beside ``issue`` (``issue & ~kind.end`` into the pc was a path of the 8x8).
-        issuable, issue, advance = self.next_head.issuable, Signal(), Signal()
+        issuable, advance, refetch = self.next_head.issuable, Signal(), self.fetch.refetch
+        lut = partial(lut_term, m)
+        (slot0, slot1), (hit0, hit1) = slot_hazards, unseen_hazards
+        busy_w = weights.busy
+        clear = lut("clear", ~(lut("h_array", (stream_.busy & spad_vs_stream) |
+                                              (weights.busy & spad_vs_weights)) |
+                               lut("h_store", store_dram_hazard | (store.busy & acc_vs_store) |
+                                   ~go) |
+                               lut("h_load", (load.to_spad & spad_vs_load) | slot0) |
+                               lut("h_raw", slot1 | hit0 | hit1 | refetch)))
+        ready_a = lut("ready_a", Cat(
+            lut("k_spad", (issuable.load_spad & ~load.busy) | (issuable.preload & ~busy_w)),
+            lut("k_ls", (issuable.store | issuable.load_quant) & ~load.busy & ~store.busy),
+            lut("k_acc", issuable.load_acc & ~load.busy & drained & ~store.busy)).any())
+        k_mm = lut("k_mm", issuable.matmul & ~load.to_acc & stream_.free & ~stream_.full)
+        ready_b = lut("ready_b", ~busy_w & (k_mm | (~store.busy & lut(
+            "k_end", issuable.end & ~load.busy & ~self.fetch.reader_busy & drained))))
+        m.d.comb += [issue.eq(clear & (ready_a | ready_b)),
+                     advance.eq(clear & (ready_a | (~busy_w & k_mm)))]
         for flag, kinds in ((issue, waits), (advance, [k for k in waits if k != "end"])):
-            m.d.comb += flag.eq(go & ~self.fetch.refetch & ~hazard &
-                                Cat(*[issuable[name] & ~Cat(*status_waits[name]).any()
-                                      for name in kinds]).any())
+            m.d.sync += Assert(flag == (go & ~refetch & ~hazard & Cat(*[
+                issuable[name] & ~Cat(*status_waits[name]).any() for name in kinds]).any()),
+                "issue stage: the decision's terms out of step")
         m.d.sync += Assert(advance == (issue & ~kind.end), "issue stage: advance out of step")
         decided, issue_fault = Signal(), Signal(Fault)
         m.d.comb += issue_fault.pc.eq(host.pc)

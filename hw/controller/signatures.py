@@ -123,6 +123,15 @@ def status_copy(m, name, original, value_next, *, init=None):
     return copy
 
 
+def lut_term(m, name, value):
+    """``value`` (at most four or five inputs: one LUT) as a net of its own, named
+    ``lut_term_<name>``: synthesis keeps it (fpga/flow.py's ``KEEP_APART``), so that logic
+    written as a tree of such terms is mapped as that tree, not rebuilt deeper by ABC."""
+    term = Signal(name=f"lut_term_{name}")
+    m.d.comb += term.eq(value)
+    return term
+
+
 def ReaderSignature(row_bits):
     """A share of the DMA reader, as its user sees it: a block command, the rows it reads
     (one per cycle, never stalled), and ``done`` (with ``error`` on a bus error) at its end."""
@@ -213,6 +222,39 @@ class Decoded(data.Struct):
     kind:      Kind
 
 
+# The ranges the issue stage compares, as (lo, hi) pairs of [lo, hi).
+def overlaps(a, b):
+    return (a[0] < b[1]) & (b[0] < a[1])
+
+
+def holds(a, b):                 # the range a holds row b[0]
+    return (a[0] <= b[0]) & (b[0] < a[1])
+
+
+def pair(rows):                  # a RowRange
+    return (rows.lo, rows.hi)
+
+
+def spad_of(entry):              # of a Decoded entry: its scratchpad rows, ...
+    return pair(entry.spad)
+
+
+def acc_of(entry):               # ... its accumulator rows, its DRAM bytes, ...
+    return pair(entry.acc)
+
+
+def bytes_of(entry):
+    return (entry.lo, entry.hi)
+
+
+def written_spad_of(entry):      # ... a LOAD_SPAD's rows (empty for other kinds), ...
+    return (entry.spad.lo, entry.written_spad_hi)
+
+
+def read_acc_of(entry):          # ... a store's rows (empty for other kinds)
+    return (entry.acc.lo, entry.read_acc_hi)
+
+
 def decoded_slices(*groups, widest=33):
     """The bit ranges ``(start, stop)`` of :class:`Decoded` that ``groups`` of its fields
     take, a group wider than ``widest`` bits cut into pieces of at most that many."""
@@ -234,12 +276,15 @@ Issuable = data.StructLayout({name: 1 for name in KIND_OPCODES})
 
 
 def NextHeadSignature():
-    """What the decoder's head register takes at the next edge: ``entry`` when ``load``
+    """What the decoder's head register takes at the next edge: ``entry`` when it loads
     (else it keeps what it holds), so that the issue stage can compare the next head with
-    its units a cycle ahead. ``load`` follows ``decoded.ready``: it is late in its cycle.
+    its units a cycle ahead. It loads if ``load_if_issued`` and the head issues (``ready``),
+    or if ``load_if_held`` and it does not: both from flip-flops, so that the issue stage's
+    decision, late in its cycle, chooses between them last.
     ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
     flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
     while it is valid and not faulty (0 otherwise), from flip-flops of their own, for the
     issue decision only."""
-    return wiring.Signature({"load": Out(1), "entry": Out(Decoded), "end_at_head": Out(1),
+    return wiring.Signature({"load_if_issued": Out(1), "load_if_held": Out(1),
+                             "entry": Out(Decoded), "end_at_head": Out(1),
                              "issuable": Out(Issuable)})
