@@ -33,6 +33,9 @@ class LengthQueue(wiring.Component):
         depth = self.depth
         entries = [Signal(9, name=f"entry_{i}", reset_less=True) for i in range(depth)]
         level = Signal(range(depth + 1))
+        # The level one-hot too (bit i: level == i), so that a write's place is one bit
+        # chosen by the pop, not the level minus the pop compared (asserted).
+        at = Signal(depth + 1, init=1)
         pop = self.r_en & self.r_rdy
         push = self.w_en & self.w_rdy
         kept = []                    # each entry after the edge, but for a write into it
@@ -40,9 +43,15 @@ class LengthQueue(wiring.Component):
             kept.append(Mux(pop, entries[i + 1] if i + 1 < depth else entry, entry))
             after = Signal(9, name=f"entry_{i}_next")
             m.d.comb += after.eq(kept[i])
-            with m.If(push & (level - pop == i)):
+            with m.If(push & Mux(pop, at[i + 1], at[i])):
                 m.d.comb += after.eq(self.w_data)
             m.d.sync += entry.eq(after)
+        with m.If(push & ~pop):
+            m.d.sync += at.eq(at << 1)
+        with m.If(pop & ~push):
+            m.d.sync += at.eq(at >> 1)
+        m.d.sync += Assert(at == (1 << level)[:depth + 1],
+                           "length queue: one-hot level out of step")
         # Not empty and not full, in flip-flops beside the level (their users are the
         # reader's beat enables and its address valid).
         level_next = Signal.like(level)
@@ -53,7 +62,7 @@ class LengthQueue(wiring.Component):
                      room.eq(level_next != depth)]
         m.d.comb += [
             self.head.eq(entries[0]), self.head_next.eq(kept[0]),
-            self.w_to_head.eq(push & (level - pop == 0)),
+            self.w_to_head.eq(push & Mux(pop, at[1], at[0])),
             self.r_rdy.eq(nonempty), self.r_rdy_next.eq(level_next != 0), self.w_rdy.eq(room),
         ]
         m.d.sync += Assert((nonempty == (level != 0)) & (room == (level != depth)),
