@@ -30,7 +30,13 @@ def set_status(ctx, dut, **statuses):
     ``fetch`` entry sets ``reader_busy`` and ``refetch``."""
     fetch = statuses.pop("fetch", {})
     for unit, idle in IDLE.items():
-        ctx.set(getattr(dut, unit).status, {**idle, **statuses.get(unit, {})})
+        status = {**idle, **statuses.get(unit, {})}
+        if unit == "stream" and "in_use_after" not in status:
+            # The slots in use stay as they are at the next edge (whether a MATMUL issues).
+            in_use = sum(write.get("valid", 0) << i
+                         for i, write in enumerate(status.get("writes", [])))
+            status["in_use_after"] = [in_use, in_use]
+        ctx.set(getattr(dut, unit).status, status)
     ctx.set(dut.fetch.reader_busy, fetch.get("reader_busy", 0))
     ctx.set(dut.fetch.refetch, fetch.get("refetch", 0))
 
@@ -352,8 +358,9 @@ JUST_BEFORE = [
     ("store", ({"follows": 1, "lo": 0x9000, "hi": 0x9010}, {"busy": 1, "lo": 0x2000,
                                                             "hi": 0x2006}),
      STORE, LOAD_SPAD, "store"),
-    # The MATMUL goes to the slot that follows the head.
-    ("stream", ({"free": 1, "follows": 1, "slot_follows": 1},
+    # The MATMUL goes to the slot that follows the head (in use from the next edge if it
+    # issues: ``in_use_after`` [held, issued]).
+    ("stream", ({"free": 1, "follows": 1, "slot_follows": 1, "in_use_after": [0, 1]},
                 {"busy": 1, "drained": 0, "writes": [{"valid": 1, "acc": span(2, 3),
                                                       "rows": 3}, {}]}),
      MATMUL, STORE, "array"),

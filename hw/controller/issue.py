@@ -150,15 +150,15 @@ class IssueStage(wiring.Component):
                 took = (taken or ours)(head)
                 on_entry = Mux(follows, compare(entry, took), compare(entry, theirs))
                 on_head = Mux(follows, compare(now, took), compare(now, theirs))
-            m.d.sync += flag.eq(valid & Mux(issue,
-                                            Mux(self.next_head.load_if_issued, on_entry, on_head),
-                                            Mux(self.next_head.load_if_held, on_entry, on_head)))
+            if_issued, if_held = valid if isinstance(valid, tuple) else (valid, valid)
+            m.d.sync += flag.eq(Mux(
+                issue, if_issued & Mux(self.next_head.load_if_issued, on_entry, on_head),
+                if_held & Mux(self.next_head.load_if_held, on_entry, on_head)))
             return flag
 
         # Each flag holds only for a head of the kinds it stops or of kinds that wait for the
-        # whole unit anyway: other kinds' ranges are empty, or 0 in the ends compared with
-        # the streamer's (Decoded). So the decision ORs all flags (``hazard``), a LUT level
-        # less than choosing them by kind as the chain of stalls does (asserted equal).
+        # whole unit anyway (other kinds' ranges are empty, or their ends 0: Decoded), so the
+        # decision ORs all flags (``hazard``), not choosing them by kind as the stalls do.
         spad_vs_stream = against("spad_vs_stream", overlaps, written_spad_of,
                                  pair(stream_.spad), stream_.follows, taken=spad_of)
         spad_vs_weights, spad_vs_load = (
@@ -168,27 +168,29 @@ class IssueStage(wiring.Component):
                                store.follows)
         bytes_vs_store = against("bytes_vs_store", overlaps, bytes_of,
                                  (store.lo, store.hi), store.follows)
-        # A store reads accumulator rows: it waits for MATMULs that still write any of them,
-        # and for the writes of its rows that its first read, in the cycle after the issue,
-        # would miss: those in the accumulator's pipeline one and two cycles after their
-        # acceptance (next cycle, this cycle's write and the first of them).
-        slot_hazards = [stream_.writes[i].valid &
-                        against(f"acc_vs_slot{i}", overlaps, read_acc_of,
-                                pair(stream_.writes[i].acc), stream_.slot_follows[i],
-                                taken=acc_of)
-                        for i in range(WRITEBACK_SLOTS)]
-        unseen_hazards = []
-        # Each is one flip-flop, the write's valid flag folded into the comparison made a cycle
-        # ahead (the valid flags sit by the accumulator, across the die; asserted).
+        # A store waits for MATMULs that still write any of its accumulator rows, and for the
+        # writes of them that its first read (the cycle after the issue) would miss, in the
+        # accumulator's pipeline: next cycle, this cycle's write and the first of them. Each
+        # flag has the slot's or write's next valid flag folded in (a slot's, if the head
+        # issues or not; the valid flags sit by the accumulator, across the die; asserted).
+        def checked(hit, valid, now, what):
+            m.d.sync += Assert(~running | ~self.decoded.valid | (hit == (valid & now)),
+                               f"issue stage: the comparison with {what} out of step")
+            return hit
+        held_after, issued_after = stream_.in_use_after
+        slot_hazards = [checked(against(
+            f"acc_vs_slot{i}", overlaps, read_acc_of, pair(write.acc), stream_.slot_follows[i],
+            taken=acc_of, valid=(Mux(kind.matmul, issued_after[i], held_after[i]),
+                                 held_after[i])),
+            write.valid, overlaps(read_acc_of(head), pair(write.acc)), f"writeback slot {i}")
+            for i, write in enumerate(stream_.writes)]
         unseen_next = [stream_.writing, stream_.unseen[0]]
         assert len(unseen_next) == len(stream_.unseen)
-        for i, (write, unseen) in enumerate(zip(unseen_next, stream_.unseen)):
-            hit = against(f"acc_vs_unseen{i}", holds, read_acc_of, (write.addr,),
-                          valid=write.valid)
-            m.d.sync += Assert(~running | ~self.decoded.valid |
-                               (hit == (unseen.valid & holds(read_acc_of(head), (unseen.addr,)))),
-                               f"issue stage: the comparison with unseen write {i} out of step")
-            unseen_hazards.append(hit)
+        unseen_hazards = [checked(against(f"acc_vs_unseen{i}", holds, read_acc_of, (write.addr,),
+                                          valid=write.valid),
+                                  unseen.valid, holds(read_acc_of(head), (unseen.addr,)),
+                                  f"unseen write {i}")
+                          for i, (write, unseen) in enumerate(zip(unseen_next, stream_.unseen))]
         store_raw = Cat(*slot_hazards, *unseen_hazards).any()
         store_dram_hazard = store.busy & bytes_vs_store
 
@@ -346,8 +348,7 @@ class IssueStage(wiring.Component):
         m.d.sync += Assert(~(self.fetch.begin & self.fetch.store_issued),
                            "issue stage: a store in the cycle of begin")
         # The fetcher refetches from pc as registered a cycle before: nothing issues while
-        # ``refetch`` is high, and in its first cycle, the one after the store's issue (pc
-        # moved), the store unit is busy.
+        # ``refetch`` is high, and in its first cycle (pc moved) the store unit is busy.
         pc_moved = Signal()
         m.d.sync += pc_moved.eq(advance)
         m.d.sync += Assert(~(pc_moved & self.fetch.refetch & ~store.busy),

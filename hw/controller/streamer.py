@@ -44,6 +44,8 @@ class StreamStatus(data.Struct):
     full:      1    #: every writeback slot holds a MATMUL
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
+    #: the slots in use after the next edge if no MATMUL issues now ([0]) or one does ([1])
+    in_use_after: data.ArrayLayout(WRITEBACK_SLOTS, 2)
     follows:   1    #: ``spad`` takes the issue stage's head's at the next edge
     slot_follows: WRITEBACK_SLOTS   #: so does the ``acc`` of each of these slots
     writing:   AccWrite   #: the accumulator's write in this cycle
@@ -154,6 +156,7 @@ class Streamer(wiring.Component):
                          for i in range(WRITEBACK_SLOTS)])
         m.d.sync += Cat(full, drained, in_use).eq(Mux(cmd.valid, flags_after(1),
                                                       flags_after(0)))
+        m.d.comb += [status.in_use_after[k].eq(flags_after(k)[2:]) for k in (0, 1)]
         m.d.sync += [
             Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
             Assert(drained == (~busy & (queued == 0) & ~self.acc.busy),
