@@ -73,6 +73,16 @@ def test_harness_keeps_every_port(report_2x2):
     assert "MULT18X18D" in verilog
 
 
+def test_synthesis_keeps_the_decision_terms(report_2x2):
+    """fpga/flow.py's KEEP_APART keeps the issue decision's LUT terms (``lut_term``) as nets
+    of their own, which ABC would otherwise rebuild into their neighbours."""
+    _, workdir = report_2x2
+    names = json.loads((workdir / "npu.json").read_text())["modules"]["top"]["netnames"]
+    terms = {name.rsplit(".", 1)[-1] for name in names if re.search(r"\.lut_term_\w+$", name)}
+    assert {"lut_term_clear", "lut_term_ready_a", "lut_term_ready_b", "lut_term_h_raw",
+            "lut_term_k_end"} <= terms, sorted(terms)
+
+
 class _Echo(wiring.Component):
     """``b`` is ``a`` a cycle later."""
     a: In(6)
