@@ -639,7 +639,8 @@ flow) rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal a
 since `42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
 MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
 oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 110 MHz, what the 8x8's board build met on `c5f0cc5`: 115.69 MHz; the
+`fpga/board.py`, 100 MHz, what the 8x8's board build met on `1465639`: 100.26 MHz at a
+110 MHz constraint, its own placement, one seed; the
 board's own place and route reports its Fmax at the end of this page
 when a build has finished; nextpnr's router1, as the flow), with the divisors Project
 Trellis' `ecppll` would
