@@ -141,7 +141,7 @@ class IssueStage(wiring.Component):
             unit's registers will hold: the head's (``taken`` of it, by default ``ours``) if
             they follow it, else their own (``theirs``). All are compared; ``follows`` (from
             the unit's flip-flops) picks after the comparators, the issue last; ``valid``
-            (the next cycle's) is folded in."""
+            (the next cycle's; a pair if it depends on the issue: if so, if not) folded in."""
             flag = Signal(name=f"{name}_ahead")
             entry, now = ours(self.next_head.entry), ours(head)
             if follows is None:
