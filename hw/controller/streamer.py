@@ -154,8 +154,9 @@ class Streamer(wiring.Component):
                        *[((head_next == i) & (queued_after >= 1)) |
                          ((head_next != i) & (queued_after == 2))
                          for i in range(WRITEBACK_SLOTS)])
-        m.d.sync += Cat(full, drained, in_use).eq(Mux(cmd.valid, flags_after(1),
-                                                      flags_after(0)))
+        after = Signal.like(Cat(full, drained, in_use))
+        m.d.comb += after.eq(Mux(cmd.valid, flags_after(1), flags_after(0)))
+        m.d.sync += Cat(full, drained, in_use).eq(after)
         m.d.comb += [status.in_use_after[k].eq(flags_after(k)[2:]) for k in (0, 1)]
         m.d.sync += [
             Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
@@ -171,7 +172,9 @@ class Streamer(wiring.Component):
         m.d.comb += [
             status.spad.eq(spad),
             status.macs.eq(macs),
-            status.full.eq(full),
+            # The issue stage's own copy of ``full`` (the slots' enables read this one, which
+            # they placed: its route to the MATMUL's kind term led the 8x8's seeds 3 and 4).
+            status.full.eq(status_copy(m, "stream_full", full, after[0])),
             status.drained.eq(drained),
             status.writing.valid.eq(self.acc.en),
             status.writing.addr.eq(self.acc.addr),
@@ -216,7 +219,7 @@ class Streamer(wiring.Component):
         cmd_left, cmd_single = matmul.rows - 1, matmul.rows == 1
         slots_left = [Signal(16, name=f"writeback_{i}_left") for i in range(WRITEBACK_SLOTS)]
         slots_single = [Signal(name=f"writeback_{i}_single") for i in range(WRITEBACK_SLOTS)]
-        with m.If(~status.full):
+        with m.If(~full):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
                 with m.If((head ^ (queued == 1)) == i):
