@@ -75,20 +75,6 @@ def reference(word, config=CONFIG):
     return (ErrorCode.DRAM_RANGE if hi > TOP else ErrorCode.NONE), lo, hi
 
 
-#: The decision's terms (clear, ready_a, ready_b) that make ``decoded.ready`` high or low.
-TERMS = {1: [(1, 1, 0), (1, 0, 1), (1, 1, 1)], 0: [(0, 0, 0), (0, 1, 1), (1, 0, 0), (0, 0, 1)]}
-
-
-def set_ready(ctx, dut, ready, rng=None):
-    """``decoded.ready`` and the decision's terms it is made of (at random with ``rng``: the
-    decoder's enables take the terms, so each way of making ``ready`` is driven)."""
-    choices = TERMS[int(ready)]
-    terms = choices[int(rng.integers(len(choices)))] if rng is not None else choices[0]
-    ctx.set(dut.decoded.ready, ready)
-    for name, value in zip(("clear", "ready_a", "ready_b"), terms):
-        ctx.set(dut.next.decision[name], value)
-
-
 def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
     """Stream ``words`` through a decoder, playing the fetcher (a word offered on
     ``words.word`` for one cycle, never stalled, only while at most FETCH_DEPTH words are
@@ -118,7 +104,7 @@ def run_decoder(words, *, config=CONFIG, bus_errors=None, seed=None):
                     "instr": Instruction.from_bits(words[offered]),
                     "bus_error": bus_errors[offered]})
             ready = seed is None or (not stalled and rng.random() < 0.6)
-            set_ready(ctx, dut, ready, rng if seed is not None else None)
+            ctx.set(dut.decoded.ready, ready)
             valid = ctx.get(dut.decoded.valid)
             payload = ctx.get(dut.decoded.payload)
             record = (payload.instr.as_bits(), payload.lo, payload.hi, payload.check,
@@ -229,7 +215,7 @@ def test_register_stage():
             assert taken(ctx) == 0
             await tick(ctx)
             assert held(ctx) == first
-        set_ready(ctx, dut, 1)
+        ctx.set(dut.decoded.ready, 1)
         assert taken(ctx) == 1                          # taken as the first one leaves
         await tick(ctx)
         assert held(ctx) == second and taken(ctx) == 0
@@ -238,7 +224,7 @@ def test_register_stage():
             ((0, 0), (0, 1))
         await tick(ctx)
         assert ctx.get(dut.decoded.valid) == 0
-        set_ready(ctx, dut, 0)
+        ctx.set(dut.decoded.ready, 0)
         fetched(ctx, third)
         await tick(ctx, 6)
         assert held(ctx) == third
@@ -262,7 +248,7 @@ def test_register_stage():
         assert ctx.get(dut.decoded.payload.bus_error) == 1
         assert ctx.get(dut.decoded.payload.check) == ErrorCode.ILLEGAL_OPCODE.value
         fetched(ctx, first, bus_error=0)
-        set_ready(ctx, dut, 1)
+        ctx.set(dut.decoded.ready, 1)
         await tick(ctx, 6)
         assert held(ctx) == first and ctx.get(dut.decoded.payload.bus_error) == 0
 

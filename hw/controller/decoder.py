@@ -10,8 +10,8 @@ from ..config import FETCH_DEPTH
 from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
 from ..pe import dsp_pes, mult18x18d
 from .fetcher import WordsSignature
-from .signatures import (KIND_OPCODES, Decision, Decoded, Issuable, NextHeadSignature,
-                         RowRange, decoded_slices, lut4, lut_term, status_copy)
+from .signatures import (KIND_OPCODES, Decoded, Issuable, NextHeadSignature, RowRange,
+                         decoded_slices, lut_term, status_copy)
 
 
 __all__ = ["Decoder", "LATENCY"]
@@ -345,17 +345,15 @@ class Decoder(wiring.Component):
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         both_copies = [Signal(name=f"both_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         # An empty register loads whatever is before it (its flag says it holds nothing), so
-        # each enable is ``~flag | ready``: one LUT of the decision's last terms (``lut4``).
-        # The flags' next values for both outcomes are terms of their own (``lut_term``).
-        clear, ready_a, ready_b = (self.next.decision[name] for name in Decision.members)
-        m.d.sync += Assert(ready == (clear & (ready_a | ready_b)), "decoder: ready out of step")
-        for k, (copy, front_copy, both, (start, stop)) in enumerate(zip(
-                copies, front_copies, both_copies, HEAD_SLICES)):
-            for name, flag, register, source in (("head", copy, head, front),
-                                                 ("front", both, front, stored)):
-                with m.If(lut4(m, platform, f"{name}_load_{k}", [clear, ready_a, ready_b, flag],
-                               lambda clear, a, b, full: (full ^ 1) | (clear & (a | b)))):
-                    m.d.sync += register.as_value()[start:stop].eq(source.as_value()[start:stop])
+        # each enable is ``~flag | ready``, a LUT's worth of the decision's last terms (ABC
+        # puts a shared ``ready`` LUT before them: two levels). The flags' next values for
+        # both outcomes are terms of their own (``lut_term``).
+        for copy, front_copy, both, (start, stop) in zip(copies, front_copies, both_copies,
+                                                          HEAD_SLICES):
+            with m.If(~copy | ready):          # the head takes the front entry
+                m.d.sync += head.as_value()[start:stop].eq(front.as_value()[start:stop])
+            with m.If(~both | ready):          # the front takes the queue's
+                m.d.sync += front.as_value()[start:stop].eq(stored.as_value()[start:stop])
             rdy = queue.r_rdy
             for flag, if_issued, if_held in (
                     (copy, front_copy, front_copy | copy),

@@ -253,8 +253,7 @@ class IssueStage(wiring.Component):
         k_mm = lut("k_mm", issuable.matmul & ~load.to_acc & stream_.free & ~stream_.full)
         ready_b = lut("ready_b", ~busy_w & (k_mm | (~store.busy & lut(
             "k_end", issuable.end & ~load.busy & ~self.fetch.reader_busy & drained))))
-        m.d.comb += [issue.eq(clear & (ready_a | ready_b)),   # (the decoder's enables: terms)
-                     self.next_head.decision.eq(Cat(clear, ready_a, ready_b)),
+        m.d.comb += [issue.eq(clear & (ready_a | ready_b)),
                      advance.eq(clear & (ready_a | (~busy_w & k_mm)))]
         for flag, kinds in ((issue, waits), (advance, [k for k in waits if k != "end"])):
             m.d.sync += Assert(flag == (go & ~refetch & ~hazard & Cat(*[

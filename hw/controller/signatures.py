@@ -1,6 +1,6 @@
 """The layouts and signatures the controller's blocks talk through, defined once."""
 
-from amaranth.hdl import Assert, Cat, Const, Instance, Signal, Value, signed
+from amaranth.hdl import Assert, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -11,7 +11,7 @@ from ..isa import Instruction, Opcode, QuantMode
 __all__ = ["PerfCounters", "CountedEvents", "HostLinkSignature", "Fault", "RowRange", "Issued",
            "UnitSignature", "ReaderSignature", "WriterSignature", "QuantState", "CommitSignature",
            "status_copy", "KIND_OPCODES", "Kind", "Decoded",
-           "decoded_slices", "Issuable", "NextHeadSignature", "Decision", "lut_term", "lut4"]
+           "decoded_slices", "Issuable", "NextHeadSignature"]
 
 
 class PerfCounters(data.Struct):
@@ -130,30 +130,6 @@ def lut_term(m, name, value):
     term = Signal(name=f"lut_term_{name}")
     m.d.comb += term.eq(value)
     return term
-
-
-def lut4(m, platform, name, inputs, function):
-    """``function`` of up to four 1-bit ``inputs`` (called with each input's value, 0 or 1;
-    write a negation as ``x ^ 1``) as one LUT, the signal ``lut4_<name>``. On ECP5 it is an
-    instance of the LUT4 primitive whose INIT is the function's truth table: synthesis
-    keeps it as written. (The decision's terms as ``lut_term`` nets left ABC free to share
-    an ``issue`` LUT before every enable: two LUTs after the terms, where one suffices.)
-    Elsewhere, the same truth table indexed by the inputs. tb/test_fpga.py checks both
-    forms against each other under Icarus with Yosys' model of the LUT4."""
-    assert 1 <= len(inputs) <= 4, inputs
-    init = 0                     # (the table repeats over the unused inputs, tied low)
-    for index in range(16):
-        if function(*[(index >> k) & 1 for k in range(len(inputs))]) & 1:
-            init |= 1 << index
-    out = Signal(name=f"lut4_{name}")
-    pins = list(inputs) + [Const(0, 1)] * (4 - len(inputs))
-    if getattr(platform, "family", None) == "ecp5":
-        m.submodules[f"lut4_{name}"] = Instance("LUT4", p_INIT=Const(init, 16),
-                                                i_A=pins[0], i_B=pins[1], i_C=pins[2],
-                                                i_D=pins[3], o_Z=out)
-    else:
-        m.d.comb += out.eq(Const(init, 16).bit_select(Cat(*pins), 1))
-    return out
 
 
 def ReaderSignature(row_bits):
@@ -298,9 +274,6 @@ def decoded_slices(*groups, widest=33):
 #: One flag per :data:`KIND_OPCODES` kind: :class:`NextHeadSignature`'s ``issuable``.
 Issuable = data.StructLayout({name: 1 for name in KIND_OPCODES})
 
-#: The issue decision's last terms: the head issues when ``clear & (ready_a | ready_b)``.
-Decision = data.StructLayout({"clear": 1, "ready_a": 1, "ready_b": 1})
-
 
 def NextHeadSignature():
     """What the decoder's head register takes at the next edge: ``entry`` when it loads
@@ -311,8 +284,7 @@ def NextHeadSignature():
     ``end_at_head``: the head holds an END (``decoded.valid`` and its ``kind.end``), from a
     flip-flop of its own beside the head's valid flags. ``issuable``: the head's kind flags
     while it is valid and not faulty (0 otherwise), from flip-flops of their own, for the
-    issue decision only. ``decision``: the decision's last terms (``ready`` is made of
-    them), so that each of the head's enables is one LUT of them (:func:`lut4`)."""
+    issue decision only."""
     return wiring.Signature({"load_if_issued": Out(1), "load_if_held": Out(1),
                              "entry": Out(Decoded), "end_at_head": Out(1),
-                             "issuable": Out(Issuable), "decision": In(Decision)})
+                             "issuable": Out(Issuable)})
