@@ -839,3 +839,47 @@ def test_reset_dcc_locked_on_the_85f_only():
     assert text.index(locked) < text.index("DCCA reset_buffer") < text.index(locked) + 100
     text, _ = fpga.flow.elaborate(config, device="LFE5U-45F", top="array")
     assert "DCCA reset_buffer" in text and "BEL" not in text
+
+
+def test_levels_count_luts_from_a_net_to_each_flip_flop_pin():
+    """fpga.levels: the deepest way from the named nets to each flip-flop pin, a LUT4 one
+    level, a PFUMX half, other cells ending the walk; an unmatched name is an error."""
+    from fpga.levels import levels_after
+
+    def lut(a, z):
+        return {"type": "LUT4", "port_directions": {"A": "input", "Z": "output"},
+                "connections": {"A": [a], "Z": [z]}}
+
+    def ff(d, ce, src):
+        return {"type": "TRELLIS_FF", "attributes": {"src": src},
+                "port_directions": {"DI": "input", "CE": "input", "Q": "output"},
+                "connections": {"DI": [d], "CE": [ce], "Q": [99]}}
+    cells = {"l1": lut(2, 3), "l2": lut(3, 4),
+             "mux": {"type": "PFUMX", "port_directions": {"ALUT": "input", "BLUT": "input",
+                                                          "C0": "input", "Z": "output"},
+                     "connections": {"ALUT": [4], "BLUT": [2], "C0": [2], "Z": [5]}},
+             "ram": {"type": "DP16KD", "port_directions": {"DI0": "input", "DO0": "output"},
+                     "connections": {"DI0": [2], "DO0": [6]}},
+             "f1": ff(5, 3, "/x/hw/a.py:10"), "f2": ff(6, 2, "/x/hw/b.py:20"),
+             "f3": ff(4, 7, "/x/hw/a.py:10")}
+    netlist = {"modules": {"top": {"attributes": {"top": 1}, "cells": cells, "netnames": {
+        "design.term": {"bits": [2]}, "other": {"bits": [7]}}}}}
+    assert levels_after(netlist, r".*\.term") == {
+        ("DI", 2.5, "a.py:10"): 1,     # term -> l1 -> l2 -> mux (the deepest of three ways)
+        ("CE", 1.0, "a.py:10"): 1,     # term -> l1
+        ("CE", 0.0, "b.py:20"): 1,     # term itself; the block RAM ends the way to f2's DI
+        ("DI", 2.0, "a.py:10"): 1}     # f3: term -> l1 -> l2
+    with pytest.raises(ValueError, match=r"^no net of the netlist matches 'absent'$"):
+        levels_after(netlist, "absent")
+
+
+def test_levels_find_the_head_enables_after_the_decision(report_2x2):
+    """On the 2x2's netlist the decision's ``ready_b`` term reaches the decoder's head and
+    front registers' clock enables (fpga.levels, as the twenty-fifth session used it)."""
+    from fpga.levels import levels_after
+    _, workdir = report_2x2
+    found = levels_after(json.loads((workdir / "npu.json").read_text()),
+                         r".*issue_stage\.lut_term_ready_b")
+    enables = sum(count for (pin, _, source), count in found.items()
+                  if pin == "CE" and source.startswith("decoder.py:"))
+    assert enables >= 2 * 300, found
