@@ -322,7 +322,7 @@ class IssueStage(wiring.Component):
                 m.d.sync += perf[name].eq(perf[name] + 1)
         with m.If(stream_.busy):
             m.d.sync += perf.array_rows.eq(perf.array_rows + 1)
-        # A row's MACs come two cycles after it (0 after none).
+        # A row's MACs come three cycles after it (0 after none).
         m.d.sync += perf.useful_macs.eq(perf.useful_macs + stream_.macs)
 
         m.d.comb += [
