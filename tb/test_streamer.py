@@ -48,12 +48,12 @@ def test_stream_rows(pending):
     """MATMUL at cycle 0: rows ``spad_addr ..`` in ``busy`` in cycles 1-4 but read a cycle
     ahead, in 0-3 (two cycles of read latency), on ``act`` in 2-5, the first with ``commit``
     when weights were pending; ``free`` again on the last row; each row's useful MACs
-    (``macs``) three cycles after it, in 4-7. While free the port reads the head's first row."""
+    (``macs``) two cycles after it, in 3-6. While free the port reads the head's first row."""
     async def body(ctx, dut, spad, rng):
         ctx.set(dut.commit.pending, pending)
         offer(ctx, dut.issue.cmd, matmul(3, 2, 4, 1, k_width=1))
         trace = []
-        for cycle in range(9):
+        for cycle in range(8):
             status = ctx.get(dut.issue.status)
             trace.append((ctx.get(dut.commit.take), status.busy, status.free,
                            ctx.get(dut.spad.en) and ctx.get(dut.spad.addr), act_row(ctx, dut),
@@ -66,9 +66,9 @@ def test_stream_rows(pending):
         lanes = [spad[a] & ((1 << 8 * R) - 1) for a in range(3, 7)]
         assert trace == [
             (1, 0, 1, 3, None, 0), (0, 1, 0, 4, None, 0),
-            (0, 1, 0, 5, (lanes[0], pending), 0), (0, 1, 0, 6, (lanes[1], 0), 0),
+            (0, 1, 0, 5, (lanes[0], pending), 0), (0, 1, 0, 6, (lanes[1], 0), 1 * C),
             (0, 1, 1, 3, (lanes[2], 0), 1 * C), (0, 0, 1, 3, (lanes[3], 0), 1 * C),
-            (0, 0, 1, 3, None, 1 * C), (0, 0, 1, 3, None, 1 * C), (0, 0, 1, 3, None, 0)]
+            (0, 0, 1, 3, None, 1 * C), (0, 0, 1, 3, None, 0)]
         assert ctx.get(dut.issue.status.drained) == 0        # its results are still to come
     simulate(body)
 
@@ -123,7 +123,7 @@ def test_random_against_model(seed):
         head_row = 0              # the first row of the instruction offered last
         slots = deque()           # [acc_addr, rows, accumulate, results written]
         macs = 0
-        row_macs = next_macs = later_macs = 0
+        row_macs = next_macs = 0
         issued = loads = 0
         # The accumulator's pipeline as the streamer sees it (its write port is the only
         # one): the writes taken one and two cycles ago (``unseen``, s1 and s2) and three
@@ -174,7 +174,7 @@ def test_random_against_model(seed):
             assert status.drained == (not reads and not slots and not acc_busy), context
             if issue:
                 head_row = decode(word)[1]["spad_addr"]
-            assert status.macs == row_macs, context      # the MACs of the row 3 cycles ago
+            assert status.macs == row_macs, context      # the MACs of the row 2 cycles ago
             # The port reads a cycle ahead: the next row, or the head's first while free.
             assert ctx.get(dut.spad.en) == 1, context
             assert ctx.get(dut.spad.addr) == (reads[1][0] if len(reads) > 1 else head_row), \
@@ -208,7 +208,7 @@ def test_random_against_model(seed):
             await ctx.tick()
             queued_before = queued_now
             last_read = None
-            row_macs, next_macs, later_macs = next_macs, later_macs, (macs if reads else 0)
+            row_macs, next_macs = next_macs, (macs if reads else 0)
             if reads:
                 row, commit = reads.popleft()
                 last_read = (spad[row] & ((1 << 8 * R) - 1), commit)

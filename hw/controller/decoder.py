@@ -11,7 +11,7 @@ from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
 from ..pe import dsp_pes, mult18x18d
 from .fetcher import WordsSignature
 from .signatures import (KIND_OPCODES, Decoded, Issuable, NextHeadSignature, RowRange,
-                         decoded_slices, lut_term, status_copy)
+                         decoded_slices, status_copy)
 
 
 __all__ = ["Decoder", "LATENCY"]
@@ -263,12 +263,14 @@ class Decoder(wiring.Component):
         with m.If(flush):
             m.d.sync += stage.valid.eq(0)
 
-        # Stage 2: the DRAM end and its range, into stage 3's register. The range check
-        # compares the product with 2**32 - base, beside the sum (equal to hi > 2**32 when
-        # rows > 0; a block of 0 rows stops on BAD_LENGTH first). The product is the sum of
-        # the two partial products (0 but for a block's opcode), so each of hi = product +
-        # base and product + ~limit (>= 0 when product > limit) is a sum of three: a
-        # carry-save step (one LUT a bit) and one carry chain.
+        # Stage 2: the DRAM end and its range, into stage 3's register (the partial
+        # products' routes from the multipliers, the sums' carry chains and the error code's
+        # priority into the queue's memory did not fit one cycle). The range check compares the
+        # product with 2**32 - base, beside the sum (equal to hi > 2**32 whenever rows > 0;
+        # a block of 0 rows stops on BAD_LENGTH first). The product is the sum of the two
+        # partial products (0 but for a block's opcode), so each of hi = product + base and
+        # product - limit - 1 = product + ~limit (>= 0 when product > limit) is a sum of
+        # three: a carry-save step (one LUT a bit) and one carry chain.
         def sum_of_three(name, *values, width=50):
             a, b, c = operands = [Signal(signed(width), name=f"{name}_{i}") for i in range(3)]
             m.d.comb += [operand.eq(value) for operand, value in zip(operands, values)]
@@ -333,9 +335,11 @@ class Decoder(wiring.Component):
                      entry.read_acc_hi.eq(Mux(entry.kind.store, late.acc.hi, 0))]
 
         # The queue's head waits in a register until the issue stage takes it. The head and
-        # the front register before it load in slices (HEAD_SLICES), each under its own
-        # copies of their valid flags (equal, asserted): the decision (``decoded.ready``)
-        # reaches two enables per slice, not 2 x 310 flip-flops'. No reset but the flags'.
+        # the front register before it are loaded in slices (HEAD_SLICES), each under its
+        # own copies of their valid flags: the issue decision (``decoded.ready``, late in
+        # its cycle) reaches two enables per slice, not all 2 x 310 flip-flops' (one net
+        # to the head's was the NPU's longest path). The copies hold the same value
+        # (asserted). The registers have no reset: the core reset reaches only the flags.
         ready = self.decoded.ready
         head = Signal(Decoded, reset_less=True)
         front = Signal(Decoded, reset_less=True)
@@ -344,25 +348,23 @@ class Decoder(wiring.Component):
         copies = [Signal(name=f"head_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         front_copies = [Signal(name=f"front_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
         both_copies = [Signal(name=f"both_valid_slice_{k}") for k in range(len(HEAD_SLICES))]
-        # An empty register loads whatever is before it (its flag says it holds nothing), so
-        # each enable is ``~flag | ready``, a LUT's worth of the decision's last terms (ABC
-        # puts a shared ``ready`` LUT before them: two levels). The flags' next values for
-        # both outcomes are terms of their own (``lut_term``).
+        # Every term that ``ready`` enters has it in its last LUT (the flags as next values
+        # chosen by it). An empty register loads whatever is before it (its flag says it
+        # holds nothing), so each enable is one flag or ``ready``: one LUT with the
+        # decision's last terms (with the front's flag too, it was two; both_valid_slice_*).
         for copy, front_copy, both, (start, stop) in zip(copies, front_copies, both_copies,
                                                           HEAD_SLICES):
             with m.If(~copy | ready):          # the head takes the front entry
                 m.d.sync += head.as_value()[start:stop].eq(front.as_value()[start:stop])
             with m.If(~both | ready):          # the front takes the queue's
                 m.d.sync += front.as_value()[start:stop].eq(stored.as_value()[start:stop])
-            rdy = queue.r_rdy
-            for flag, if_issued, if_held in (
-                    (copy, front_copy, front_copy | copy),
-                    (front_copy, rdy, rdy | (front_copy & copy)),
-                    (both, front_copy & rdy, (front_copy | copy) & (rdy | (front_copy & copy)))):
-                m.d.sync += flag.eq(Mux(ready, lut_term(m, f"{flag.name}_if_issued",
-                                                        ~flush & if_issued),
-                                        lut_term(m, f"{flag.name}_if_held", ~flush & if_held)))
-            m.d.sync += Assert(both == (copy & front_copy), "decoder: both_valid out of step")
+            copy_next = ~flush & Mux(ready, front_copy, front_copy | copy)
+            front_next = ~flush & (queue.r_rdy | (~ready & front_copy & copy))
+            m.d.sync += [copy.eq(copy_next), front_copy.eq(front_next),
+                         both.eq(~flush & Mux(ready, front_copy & queue.r_rdy,
+                                              (front_copy | copy) &
+                                              (queue.r_rdy | (front_copy & copy)))),
+                         Assert(both == (copy & front_copy), "decoder: both_valid out of step")]
         # END at the head, as the flags above: the issue stage stops fetching with it.
         end_at_head = Signal()
         m.d.sync += end_at_head.eq(~flush & Mux(

@@ -93,22 +93,19 @@ class IssueStage(wiring.Component):
             m.d.sync += halting.eq(1)
         # The host's start and program registers (by its AXI4-Lite port, far from here) pass
         # flip-flops of the stage's own: the run begins a cycle after the host's pulse, the
-        # check a cycle after the copies (the program's end summed beside them: the sum and
-        # its compare in one cycle was a path of the 8x8). The program registers do not
-        # change in the cycle of a start (HostLinkSignature), so both are current then.
+        # check a cycle after the copies. The program registers do not change in the cycle of
+        # a start (HostLinkSignature), so both are current then (asserted).
         start_seen, prog_addr_seen, prog_len_seen = Signal(), Signal(32), Signal(32)
         m.d.sync += [start_seen.eq(host.start), prog_addr_seen.eq(host.prog_addr),
                      prog_len_seen.eq(host.prog_len)]
 
-        def bad_program(addr, length, end):
-            return (addr[:4] != 0) | (length == 0) | (end > (1 << 32))
-        prog_end_seen, program_bad = Signal(37), Signal()
-        m.d.sync += [prog_end_seen.eq(host.prog_addr + host.prog_len * INSTR_BYTES),
-                     program_bad.eq(bad_program(prog_addr_seen, prog_len_seen, prog_end_seen))]
+        def bad_program(addr, length):
+            return (addr[:4] != 0) | (length == 0) | (addr + length * INSTR_BYTES > (1 << 32))
+        program_bad = Signal()
+        m.d.sync += program_bad.eq(bad_program(prog_addr_seen, prog_len_seen))
         m.d.sync += Assert(
             ~start_seen | ((prog_addr_seen == host.prog_addr) & (prog_len_seen == host.prog_len)
-                           & (program_bad == bad_program(prog_addr_seen, prog_len_seen,
-                              prog_addr_seen + prog_len_seen * INSTR_BYTES))),
+                           & (program_bad == bad_program(prog_addr_seen, prog_len_seen))),
             "issue stage: a program register changed in the cycle of a start")
         start = Signal()
         begin, begin_next = Signal(), Signal()   # ~running & start, from a flip-flop (below)
@@ -161,7 +158,7 @@ class IssueStage(wiring.Component):
 
         # Each flag holds only for a head of the kinds it stops or of kinds that wait for the
         # whole unit anyway (other kinds' ranges are empty, or their ends 0: Decoded), so the
-        # decision ORs all flags, not choosing them by kind as the stalls do.
+        # decision ORs all flags (``hazard``), not choosing them by kind as the stalls do.
         spad_vs_stream = against("spad_vs_stream", overlaps, written_spad_of,
                                  pair(stream_.spad), stream_.follows, taken=spad_of)
         spad_vs_weights, spad_vs_load = (
@@ -174,8 +171,8 @@ class IssueStage(wiring.Component):
         # A store waits for MATMULs that still write any of its accumulator rows, and for the
         # writes of them that its first read (the cycle after the issue) would miss, in the
         # accumulator's pipeline: next cycle, this cycle's write and the first of them. Each
-        # flag has the slot's or write's next valid flag folded in (a slot's for both
-        # outcomes of the issue; asserted).
+        # flag has the slot's or write's next valid flag folded in (a slot's, if the head
+        # issues or not; the valid flags sit by the accumulator, across the die; asserted).
         def checked(hit, valid, now, what):
             m.d.sync += Assert(~running | ~self.decoded.valid | (hit == (valid & now)),
                                f"issue stage: the comparison with {what} out of step")
@@ -230,10 +227,14 @@ class IssueStage(wiring.Component):
 
         # ------------------------------------------------------------ issue
         # The decision: the run may issue (``go``, no ``refetch``), no hazard flag holds, and
-        # the head's kind if valid and not faulty (``issuable``) waits for none of its units
-        # by their status. A tree of LUT-sized terms kept by synthesis (``lut_term``),
-        # asserted equal to the tables above. ``advance``: an issue but END's, the pc's enable.
-        go = status_copy(m, "issue_go", running & ~stopping & ~start_while_busy & ~at_prog_end,
+        # the head's kind while valid and not faulty (the decoder's ``issuable``) waits for
+        # none of its units by their status, each from copies made for it. Written as a tree
+        # of LUT-sized terms kept by synthesis (``lut_term``; as one expression ABC made six
+        # LUTs of it before the head's enables, now three), asserted equal to the tables
+        # above, as the chain below (errors, stalls) is. ``advance``: an issue of anything
+        # but END, the pc's enable (``issue & ~kind.end`` into the pc was a path of the 8x8).
+        go = status_copy(m, "issue_go",
+                         running & ~stopping & ~start_while_busy & ~at_prog_end,
                          running_next & ~stopping_next & ~start_while_busy_next &
                          ~at_prog_end_next)
         issuable, advance, refetch = self.next_head.issuable, Signal(), self.fetch.refetch
@@ -322,7 +323,7 @@ class IssueStage(wiring.Component):
                 m.d.sync += perf[name].eq(perf[name] + 1)
         with m.If(stream_.busy):
             m.d.sync += perf.array_rows.eq(perf.array_rows + 1)
-        # A row's MACs come three cycles after it (0 after none).
+        # A row's MACs come two cycles after it (0 after none).
         m.d.sync += perf.useful_macs.eq(perf.useful_macs + stream_.macs)
 
         m.d.comb += [

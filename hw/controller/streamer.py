@@ -40,7 +40,7 @@ class StreamStatus(data.Struct):
     busy:      1    #: reading an activation row in this cycle
     free:      1    #: a MATMUL issued now streams right behind (idle, or on its last row)
     spad:      RowRange   #: the scratchpad rows it reads
-    macs:      32   #: useful MACs (k_width x n_width) of the row three cycles before, or 0
+    macs:      32   #: useful MACs (k_width x n_width) of the row two cycles before, or 0
     full:      1    #: every writeback slot holds a MATMUL
     drained:   1    #: no MATMUL streams, none has results to come, no write is in flight
     writes:    data.ArrayLayout(Writeback, WRITEBACK_SLOTS)
@@ -154,9 +154,8 @@ class Streamer(wiring.Component):
                        *[((head_next == i) & (queued_after >= 1)) |
                          ((head_next != i) & (queued_after == 2))
                          for i in range(WRITEBACK_SLOTS)])
-        after = Signal.like(Cat(full, drained, in_use))
-        m.d.comb += after.eq(Mux(cmd.valid, flags_after(1), flags_after(0)))
-        m.d.sync += Cat(full, drained, in_use).eq(after)
+        m.d.sync += Cat(full, drained, in_use).eq(Mux(cmd.valid, flags_after(1),
+                                                      flags_after(0)))
         m.d.comb += [status.in_use_after[k].eq(flags_after(k)[2:]) for k in (0, 1)]
         m.d.sync += [
             Assert(full == (queued == WRITEBACK_SLOTS), "streamer: full out of step"),
@@ -172,9 +171,7 @@ class Streamer(wiring.Component):
         m.d.comb += [
             status.spad.eq(spad),
             status.macs.eq(macs),
-            # The issue stage's own copy of ``full`` (the slots' enables read this one, which
-            # they placed: its route to the MATMUL's kind term led the 8x8's seeds 3 and 4).
-            status.full.eq(status_copy(m, "stream_full", full, after[0])),
+            status.full.eq(full),
             status.drained.eq(drained),
             status.writing.valid.eq(self.acc.en),
             status.writing.addr.eq(self.acc.addr),
@@ -219,7 +216,7 @@ class Streamer(wiring.Component):
         cmd_left, cmd_single = matmul.rows - 1, matmul.rows == 1
         slots_left = [Signal(16, name=f"writeback_{i}_left") for i in range(WRITEBACK_SLOTS)]
         slots_single = [Signal(name=f"writeback_{i}_single") for i in range(WRITEBACK_SLOTS)]
-        with m.If(~full):
+        with m.If(~status.full):
             for i in range(WRITEBACK_SLOTS):
                 # The tail: the slot after the head when one MATMUL is queued, else the head.
                 with m.If((head ^ (queued == 1)) == i):
@@ -235,16 +232,12 @@ class Streamer(wiring.Component):
                 k_used.eq(Mux(matmul.k_width == 0, rows, matmul.k_width)),
                 n_used.eq(Mux(matmul.n_width == 0, cols, matmul.n_width)),
             ]
-        # The product in two stages of registers (for each half of ``k_used``'s bits, then
-        # their sum) before ``macs`` (by the counter): the product in one cycle was a path of
-        # the 8x8. ``arrive`` is ``busy`` a cycle late, ``arrived`` two.
-        half = len(k_used) // 2
-        low_part, high_part, row_macs = Signal(16), Signal(16), Signal(32)
-        arrived = Signal()
-        m.d.sync += [low_part.eq(product_in_luts(k_used[:half], n_used)),
-                     high_part.eq(product_in_luts(k_used[half:], n_used)),
-                     row_macs.eq(low_part + (high_part << half)), arrived.eq(arrive),
-                     macs.eq(Mux(arrived, row_macs, 0))]
+        # The product passes a register of its own (by the widths) before ``macs`` (by the
+        # counter): from the widths to ``macs`` in one cycle was a path of the 8x8. ``arrive``
+        # is ``busy`` a cycle late (``read`` is ``busy``, registered from its next value).
+        row_macs = Signal(32)
+        m.d.sync += [row_macs.eq(product_in_luts(k_used, n_used)),
+                     macs.eq(Mux(arrive, row_macs, 0))]
         # The issue stage's copies of ``busy`` and ``free`` (``status_copy``): free next when
         # free now and no MATMUL issues or one of one row does, or on the row before the last.
         status_busy = status_copy(m, "stream_busy", busy, busy_next)
