@@ -547,6 +547,10 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   end registers, worst group first; `--registers` names the registers each group ends in
   (from the net names Yosys kept on the flip-flops' outputs). Its worst path is nextpnr's
   critical path to the picosecond on the runs checked (14.69 ns on `6d8b26b`, seed 1).
+* **Logic depth before placement**: `python -m fpga.levels <build folder> <net regex>`
+  counts in the synthesized netlist the LUT levels from the named nets to every flip-flop
+  pin they reach, by pin and RTL line (a term written as one LUT before a register's enable
+  may be two there: ABC shares LUTs on paths it sees as short).
 
 * **I/O: an on-chip scan harness** (`fpga/harness.py`), not hundreds of pins and not an
   out-of-context netlist. Every NPU input bit comes from a flip-flop of a shift register fed
@@ -664,6 +668,8 @@ make fpga-report FPGA_CONFIGS=4x4,8x8,10x10 FPGA_ARRAY_CONFIGS=4x4,8x8,12x12,16x
 .venv/bin/python -m fpga run --config 8x8 --mac plain        # the plain PE
 .venv/bin/python -m fpga.sta build/fpga/8x8_LFE5U-85F_dsp --period 8 --paths --registers
                                             # every path over 8 ns, by RTL line
+.venv/bin/python -m fpga.levels build/fpga/8x8_LFE5U-85F_dsp '.*lut_term_ready_b'
+                                            # LUT levels after a net, by flip-flop pin
 make fpga-board BOARD=ulx3s-85f CONFIG=8x8  # a ULX3S bitstream (amaranth-boards)
 make fpga-board CONFIG=8x8 CLOCK_MHZ=45     # its PLL at 45 MHz, or the nearest below
 ```
