@@ -20,6 +20,8 @@ import re
 import sys
 from pathlib import Path
 
+from .sta import sources
+
 
 __all__ = ["LEVELS", "levels_after", "main"]
 
@@ -27,35 +29,30 @@ __all__ = ["LEVELS", "levels_after", "main"]
 LEVELS = {"LUT4": 1.0, "PFUMX": 0.5, "L6MUX21": 0.5, "CCU2C": 0.3}
 
 
-def _top(netlist):
-    return next(module for module in netlist["modules"].values()
-                if module.get("attributes", {}).get("top"))
-
-
 def levels_after(netlist, pattern):
     """``Counter`` of ``(pin, levels, source)`` for every flip-flop pin reached from the nets
     whose names match ``pattern`` (the deepest way to each pin). ``source`` is the
-    flip-flop's ``src`` attribute's first file and line."""
-    top = _top(netlist)
+    flip-flop's RTL line as :func:`fpga.sta.sources` names it (``hw/file.py:N``)."""
+    top = netlist["modules"]["top"]
     rx = re.compile(pattern)
     start = {bit for name, net in top["netnames"].items() if rx.fullmatch(name)
              for bit in net["bits"] if isinstance(bit, int)}
     if not start:
         raise ValueError(f"no net of the netlist matches {pattern!r}")
     loads = collections.defaultdict(list)
-    for cell in top["cells"].values():
+    for name, cell in top["cells"].items():
         for port, bits in cell["connections"].items():
             if cell.get("port_directions", {}).get(port) == "input":
                 for bit in bits:
                     if isinstance(bit, int):
-                        loads[bit].append((cell, port))
+                        loads[bit].append((name, cell, port))
     deepest = {bit: 0.0 for bit in start}
     pins = {}
     work = list(start)
     while work:
         bit = work.pop()
         level = deepest[bit]
-        for cell, port in loads[bit]:
+        for name, cell, port in loads[bit]:
             kind = cell["type"]
             if kind in LEVELS:
                 for out, direction in cell["port_directions"].items():
@@ -67,14 +64,10 @@ def levels_after(netlist, pattern):
                             deepest[out_bit] = after
                             work.append(out_bit)
             elif kind == "TRELLIS_FF":
-                key = (id(cell), port)
-                pins[key] = (max(level, pins[key][0]) if key in pins else level, cell, port)
-    found = collections.Counter()
-    for level, cell, port in pins.values():
-        source = cell.get("attributes", {}).get("src", "?").split("|")[0]
-        source = re.sub(r"\.\d+-\d+\.\d+$", "", source.split("/")[-1])
-        found[(port, level, source)] += 1
-    return found
+                pins[name, port] = max(level, pins.get((name, port), level))
+    names = sources(netlist)
+    return collections.Counter((port, level, names[name])
+                               for (name, port), level in pins.items())
 
 
 def main(argv=None):

@@ -865,10 +865,10 @@ def test_levels_count_luts_from_a_net_to_each_flip_flop_pin():
     netlist = {"modules": {"top": {"attributes": {"top": 1}, "cells": cells, "netnames": {
         "design.term": {"bits": [2]}, "other": {"bits": [7]}}}}}
     assert levels_after(netlist, r".*\.term") == {
-        ("DI", 2.5, "a.py:10"): 1,     # term -> l1 -> l2 -> mux (the deepest of three ways)
-        ("CE", 1.0, "a.py:10"): 1,     # term -> l1
-        ("CE", 0.0, "b.py:20"): 1,     # term itself; the block RAM ends the way to f2's DI
-        ("DI", 2.0, "a.py:10"): 1}     # f3: term -> l1 -> l2
+        ("DI", 2.5, "hw/a.py:10"): 1,     # term -> l1 -> l2 -> mux (the deepest of three ways)
+        ("CE", 1.0, "hw/a.py:10"): 1,     # term -> l1
+        ("CE", 0.0, "hw/b.py:20"): 1,     # term itself; the block RAM ends the way to f2's DI
+        ("DI", 2.0, "hw/a.py:10"): 1}     # f3: term -> l1 -> l2
     with pytest.raises(ValueError, match=r"^no net of the netlist matches 'absent'$"):
         levels_after(netlist, "absent")
 
@@ -882,5 +882,5 @@ def test_levels_find_the_head_enables_after_the_decision(report_2x2):
     found = levels_after(json.loads((workdir / "npu.json").read_text()),
                          r".*issue_stage\.lut_term_ready_b")
     enables = sum(count for (pin, _, source), count in found.items()
-                  if pin == "CE" and source.startswith("decoder.py:"))
+                  if pin == "CE" and source.startswith("hw/controller/decoder.py:"))
     assert enables >= 300, found
