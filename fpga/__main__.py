@@ -21,13 +21,17 @@ def _config(name):
 
 def _flow_arguments(parser):
     parser.add_argument("--device", choices=sorted(DEVICES), default="LFE5U-85F")
-    parser.add_argument("--freq", type=float, default=150.0, metavar="MHZ",
-                        help="clock constraint given to nextpnr (default 150)")
+    parser.add_argument("--freq", type=float, default=FlowOptions.frequency_mhz, metavar="MHZ",
+                        help="clock constraint given to nextpnr (default "
+                        f"{FlowOptions.frequency_mhz:g})")
     parser.add_argument("--mac", choices=MAC_STYLES, default="dsp",
                         help="dsp: pipelined PEs on MULT18X18D (default); plain: the Verilog "
                              "of 'npu verilog', multipliers as Yosys infers them")
     parser.add_argument("--router", choices=ROUTERS, default=FlowOptions.router,
                         help=f"nextpnr's router (default {FlowOptions.router})")
+    parser.add_argument("--no-tmg-ripup", dest="tmg_ripup", action="store_false",
+                        help="route without nextpnr's --tmg-ripup (the arcs that miss the "
+                             "clock constraint ripped up and routed again)")
     parser.add_argument("--timing-weight", type=int, default=FlowOptions.placer_timing_weight,
                         metavar="W", help="nextpnr's --placer-heap-timingweight (default "
                         f"{FlowOptions.placer_timing_weight})")
@@ -114,7 +118,8 @@ def main(argv=None):
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
                                   mac=arguments.mac, seed=arguments.seed, top=arguments.top,
                                   placer_timing_weight=arguments.timing_weight,
-                                  router=arguments.router, synth_only=arguments.synth_only,
+                                  router=arguments.router, tmg_ripup=arguments.tmg_ripup,
+                                  synth_only=arguments.synth_only,
                                   pnr_minutes=arguments.pnr_minutes)
             report = run(arguments.config, options,
                          log=(lambda line: print(line, file=sys.stderr)) if arguments.json
@@ -125,7 +130,7 @@ def main(argv=None):
             options = FlowOptions(device=arguments.device, frequency_mhz=arguments.freq,
                                   mac=arguments.mac, pnr_minutes=arguments.pnr_minutes,
                                   placer_timing_weight=arguments.timing_weight,
-                                  router=arguments.router)
+                                  router=arguments.router, tmg_ripup=arguments.tmg_ripup)
             write_report(arguments.configs, arguments.array_configs, options, arguments.out,
                          seeds=arguments.seeds, jobs=arguments.jobs, reuse=arguments.reuse)
         else:

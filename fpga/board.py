@@ -172,7 +172,7 @@ def board_plan(platform, config, pll, name="npu"):
     # since the eighth session; router1 routed the same netlist in 13 minutes
     # (docs/fpga-timing.md, seventeenth session).
     plan = platform.prepare(BoardTop(config, pll), name=name,
-                            nextpnr_opts="--router router1 --timing-allow-fail "
+                            nextpnr_opts="--router router1 --tmg-ripup --timing-allow-fail "
                                          f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}",
                             synth_opts="-abc9",
                             # proc first, so that the flip-flops KEEP_APART names exist.

@@ -85,6 +85,8 @@ def _same_options(report, options):
             and report.get("seed") == options.seed
             # Runs from before the flow chose its router had router2.
             and report.get("router", "router2") == options.router
+            # Runs from before the flow ripped up failing arcs had no --tmg-ripup.
+            and report.get("tmg_ripup", False) == options.tmg_ripup
             # Runs from before the flow set the weight had nextpnr's default.
             and (report.get("placer_timing_weight", NEXTPNR_TIMING_WEIGHT)
                  == options.placer_timing_weight)
@@ -346,10 +348,15 @@ def render(npu, array, baselines=(), options=None, others=(), failures=None):
         "# The NPU on Lattice ECP5",
         "",
         f"Measured by `make fpga-report` on {when}: Yosys `synth_ecp5 -abc9` and nextpnr-ecp5 "
-        f"(`--router {options.router} --placer-heap-timingweight "
-        f"{options.placer_timing_weight}`, "
+        f"(`--router {options.router}{' --tmg-ripup' if options.tmg_ripup else ''} "
+        f"--placer-heap-timingweight {options.placer_timing_weight}`, "
         f"{_seeds_used(npu_rows, array_rows)}, clock constraint "
-        f"{options.frequency_mhz:.0f} MHz), from the YoWASP wheels, on `{device}` in "
+        f"{options.frequency_mhz:g} MHz"
+        + ("; with `--tmg-ripup` the router routes the arcs of the paths that miss the "
+           "constraint again, up to 50 rounds, so a run that meets it stops there: its Fmax "
+           "is where the router stopped, not the most its placement could reach"
+           if options.tmg_ripup else "")
+        + f"), from the YoWASP wheels, on `{device}` in "
         f"`{PACKAGE}`, speed grade {SPEED} (the ULX3S part; {DEVICES[device]['mult18']} "
         f"MULT18X18D, {DEVICES[device]['dp16kd']} DP16KD). Fmax is nextpnr's post-route "
         "estimate, which moves by a few MHz from seed to seed: each row gives the best and "

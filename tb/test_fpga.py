@@ -426,12 +426,15 @@ def test_board_pll_instance(clock_mhz, divisors, made_mhz):
 def test_board_build_reads_verilog_without_assertions():
     """The board build's Yosys reads the design as Verilog, not Amaranth's RTLIL (on which
     Yosys 0.70 stops in ABC's reintegration since 42917d9), with every assertion and its
-    message under ``ifndef SYNTHESIS`` as in the out-of-context flow."""
+    message under ``ifndef SYNTHESIS`` as in the out-of-context flow; nextpnr has the flow's
+    router, rip-up and placer weight."""
     platform = BOARDS["ulx3s-85f"]()
     plan = board_plan(platform, NPUConfig.from_name("2x2"), board_pll(platform))
     script = plan.files["npu.ys"]
     assert "read_verilog npu.v" in script and "read_rtlil" not in script
     assert f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}" in plan.files["build_npu.sh"]
+    # The router rips up the arcs that miss the PLL's clock, as in the flow.
+    assert "--router router1 --tmg-ripup" in plan.files["build_npu.sh"]
     verilog = plan.files["npu.v"]
     assert "`ifndef SYNTHESIS" in verilog
     assert not re.search(r"^\s*assert \(", verilog, re.MULTILINE)
@@ -511,9 +514,17 @@ def test_summarize_takes_the_best_run_and_the_median():
 
 def test_render_shows_best_median_and_seeds():
     page = render(_NPU_RUNS, _ARRAY_RUNS).splitlines()
+    assert (f"(`--router {FlowOptions.router} --tmg-ripup --placer-heap-timingweight "
+            f"{FlowOptions.placer_timing_weight}`, seeds 1, 2 and 3 for the whole NPU and seed 1 "
+            "for the array alone, clock constraint 125 MHz; with `--tmg-ripup` the router "
+            "routes the arcs of the paths that miss the constraint again, up to 50 rounds, so "
+            "a run that meets it stops there: its Fmax is where the router stopped, not the "
+            "most its placement could reach)") in page[2]
+    page = render(_NPU_RUNS, _ARRAY_RUNS, options=FlowOptions(
+        tmg_ripup=False, frequency_mhz=150.0)).splitlines()
     assert (f"(`--router {FlowOptions.router} --placer-heap-timingweight "
             f"{FlowOptions.placer_timing_weight}`, seeds 1, 2 and 3 for the whole NPU and seed 1 "
-            "for the array alone, clock constraint 150 MHz)") in page[2]
+            "for the array alone, clock constraint 150 MHz), from") in page[2]
     assert page.index("| config | LUT4 | FF | MULT18X18D | DP16KD | PEs on DSPs | "
                       "Fmax best (MHz) | Fmax median (MHz) | seeds | peak GOPS | critical path "
                       "| minutes |") < page.index("## The systolic array alone")
@@ -789,9 +800,9 @@ def test_placer_timing_weight_reaches_nextpnr_and_the_reuse_check(monkeypatch, t
     at = commands[0].index("--placer-heap-timingweight")
     assert commands[0][at + 1] == "37"
     options = FlowOptions(placer_timing_weight=37)
-    report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 150.0,
+    report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 125.0,
               "seed": 1, "mac_pipeline": 4, "fmax_mhz": 90.0, "placer_timing_weight": 37,
-              "router": FlowOptions.router}
+              "router": FlowOptions.router, "tmg_ripup": True}
     assert fpga.report._same_options(report, options)
     assert not fpga.report._same_options({**report, "placer_timing_weight": 10}, options)
     del report["placer_timing_weight"]
@@ -816,8 +827,8 @@ def test_router_reaches_nextpnr_and_the_reuse_check(monkeypatch, tmp_path):
         place_and_route(tmp_path, device="LFE5U-85F", frequency_mhz=150.0, router=router)
     assert [command[command.index("--router") + 1] for command in commands] == list(ROUTERS)
     assert FlowOptions().router == "router1"
-    report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 150.0,
-              "seed": 1, "mac_pipeline": 4, "fmax_mhz": 90.0,
+    report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 125.0,
+              "seed": 1, "mac_pipeline": 4, "fmax_mhz": 90.0, "tmg_ripup": True,
               "placer_timing_weight": FlowOptions.placer_timing_weight, "router": "router1"}
     assert fpga.report._same_options(report, FlowOptions())
     assert not fpga.report._same_options({**report, "router": "router2"}, FlowOptions())
@@ -826,6 +837,34 @@ def test_router_reaches_nextpnr_and_the_reuse_check(monkeypatch, tmp_path):
     assert fpga.report._same_options(report, FlowOptions(router="router2"))
     with pytest.raises(ValueError, match="router must be one of router1, router2, not 'r3'"):
         run(NPUConfig.from_name("2x2"), FlowOptions(router="r3"), workdir=tmp_path / "run")
+
+
+def test_tmg_ripup_and_the_constraint_reach_nextpnr_and_the_reuse_check(monkeypatch, tmp_path):
+    """By default the flow constrains the clock at issue 16's required 125 MHz and has
+    router1 rip up the arcs that miss it (``--tmg-ripup``), on nextpnr's command line and in
+    report.json's options; a run made without it (as every run before it) or at another
+    constraint is not reused; a value that is not a bool is refused."""
+    commands = []
+    monkeypatch.setattr(fpga.flow, "_run_tool",
+                        lambda command, *args, **kwargs: commands.append(command) or 0.0)
+    assert (FlowOptions().frequency_mhz, FlowOptions().tmg_ripup) == (125.0, True)
+    for tmg_ripup in (True, False):
+        place_and_route(tmp_path, device="LFE5U-85F", frequency_mhz=125.0,
+                        tmg_ripup=tmg_ripup)
+        assert (tmp_path / "npu.lpf").read_text().endswith(
+            'FREQUENCY PORT "clk" 125.0 MHZ;\n')
+    assert ["--tmg-ripup" in command for command in commands] == [True, False]
+    report = {"device": "LFE5U-85F", "mac": "dsp", "top": "npu", "target_mhz": 125.0,
+              "seed": 1, "mac_pipeline": 4, "fmax_mhz": 126.0, "tmg_ripup": True,
+              "placer_timing_weight": FlowOptions.placer_timing_weight, "router": "router1"}
+    assert fpga.report._same_options(report, FlowOptions())
+    assert not fpga.report._same_options({**report, "target_mhz": 150.0}, FlowOptions())
+    assert not fpga.report._same_options({**report, "tmg_ripup": False}, FlowOptions())
+    del report["tmg_ripup"]
+    assert not fpga.report._same_options(report, FlowOptions())
+    assert fpga.report._same_options(report, FlowOptions(tmg_ripup=False))
+    with pytest.raises(ValueError, match="tmg_ripup must be True or False, not 1"):
+        run(NPUConfig.from_name("2x2"), FlowOptions(tmg_ripup=1), workdir=tmp_path / "run")
 
 
 def test_reset_dcc_locked_on_the_85f_only():
