@@ -513,21 +513,20 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   MATMUL queue a cycle late, the fetcher's watermarks are bits of a thermometer of the
   words it holds, the reader frames a one-beat burst from its address registers, and each
   of the writer's copy sets makes its own row load. nextpnr's router1 routes it (router2
-  left several times more failing paths on the same placements: docs/fpga-timing.md). What
-  is left is wire and a few LUT levels: 4 to 41 (4x4) and 151 to 187 (8x8) endpoints miss
-  8 ns on the runs above (`python -m fpga.sta` lists them), most from one place: the issue
-  decision (from its status copies and hazard flags, about three LUT levels) into the
-  registers it enables across the die (the decoder's front and head slices on every 8x8
-  run, -0.26 to -0.74 ns; the fetcher's thermometer of the words it holds on six of the
-  eight runs, -0.17 to -0.84), 6.2 to 6.9 ns of it routing and 1.5 to 2.3 of logic; then
-  the comparisons
-  into the hazard flags (3.1 to 3.3 ns of logic with their carry chains, -0.45 and -0.86
-  ns on the 4x4 seeds 1 and 4)
-  and small groups that the placement put far apart (the DMA reader's burst loop, -0.89 on
-  the 8x8 seed 4; the stop registers, -1.33 on the 4x4 seed 4). A plain register on the
-  issue decision or on the reader's command costs
-  more than half a point of the bench's utilization (the cycle model: 1.3 and 3.6 points
-  on 16 x 64 x 64).
+  left several times more failing paths on the same placements: docs/fpga-timing.md) and
+  routes again the paths that miss the 125 MHz constraint (`--tmg-ripup`; Routing, below). What is
+  left is wire and a few LUT levels, 6 to 7 ns of routing on the 8x8: on the runs above
+  (`python -m fpga.sta <build> --period 8` lists every path over 8 ns) two of the 8x8's
+  four seeds and two of the 4x4's meet 8 ns, and each of the others misses it on one group
+  the router could not shorten: the 8x8's seed 4 on the decoder's slice valid copies into
+  the stop registers (9 endpoints, -0.48 ns, a route of 2.3 ns), its seed 2 on the DMA
+  reader's address side into its length queue (1, -0.07), the 4x4's seed 3 on a hazard
+  flag's comparison (1, -0.12; 3.6 ns of logic) and its seed 4 on the decoder's front entry
+  into a hazard flag (1, -0.00). Before the rip-up, on the same hardware, every seed had
+  such groups (1 to 56 endpoints on the 8x8; the decision into the decoder's slices, the
+  hazard flags after their comparisons, the requantizer's stage 1). A plain register on
+  the issue decision or on the reader's command costs more than half a point of the
+  bench's utilization (the cycle model: 1.3 and 3.6 points on 16 x 64 x 64).
 * **The array alone** reaches the figures of its table. What is left there is routing: the
   MULT18X18D sit in fixed rows of the die, so neighbouring PEs (their activation, partial
   sum and weight links, each one register long) can be far apart; the critical path is such
@@ -600,6 +599,18 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   The array alone came out lower with 40 on its one seed (4x4 165.4 to 160.5, 8x8 156.2 to
   151.3, 12x12 114.8 to 99.9 MHz: its paths are single routes between DSPs); it keeps the
   flow's one weight, so that it is placed as the NPU it stands for.
+* **Routing**: nextpnr's router1 with `--tmg-ripup`, against a clock constraint of 125 MHz,
+  issue 16's required clock (`fpga.flow.CLOCK_CONSTRAINT_MHZ`): once every arc is routed,
+  the router rips up the arcs of the paths that miss the constraint and routes them again,
+  up to 50 rounds. On one 8x8 netlist (fpga-timing.md, twenty-sixth session) it took seed 1
+  from 122.80 to 126.55 MHz (one round of 24 arcs) and seed 2 from 122.00 to 123.90 (one
+  path of the DMA reader left, which no round shortened). A run that meets the constraint
+  stops there, so its Fmax is where the router stopped, not its placement's limit: the same
+  seed 1 at 135 MHz reached 129.9 after its first round and no more in the next four (a
+  minute a round), and at 150 MHz, where each round rips up the worst 5% of the arcs (some
+  3,000, a minute and a half a round), 129.9 after its second and no more in the next two:
+  50 rounds of either are too slow for a report. `python -m fpga run --freq F
+  [--no-tmg-ripup]` for others.
 * **Seeds and workers**: `make fpga-report` places and routes the whole NPU once per seed
   (`FPGA_SEEDS`) and the array alone on the first seed. Each run (a config, a top, a seed)
   has its own folder, `build/fpga/<config>_<device>_dsp[_array][_s<seed>]/` (no `_s<seed>`
