@@ -10,11 +10,10 @@ DEVICE  ?= LFE5U-85F
 BOARD   ?= ulx3s-85f
 # make fpga-report: the whole NPU on every seed, the array alone on the first, FPGA_JOBS runs
 # at a time (the defaults of `python -m fpga report`: fpga/report.py). Runs measured on a
-# 2-core machine, two at a time (2026-12-06, router1, synthesis included): whole NPU 4x4
-# 5-8 min, 8x8 10-18 (beside a board build for 20 minutes of it; one that does not route
-# runs to FPGA_PNR_MINUTES); array 4x4 0.3, 8x8 1.4, 12x12 4. So about 4 x 15 + 4 x 6.5 +
-# 6 = 92 minutes of runs: the last report took 45 on two workers (largest first), the one
-# before it (router2, alone) 27; with the default limit of 60, up to about 90. Left out for
+# 2-core machine, two at a time (2026-12-07, router1 with --tmg-ripup, synthesis included):
+# whole NPU 4x4 4-5 min, 8x8 9-22 (one that does not route runs to FPGA_PNR_MINUTES);
+# array 4x4 0.2, 8x8 0.9, 12x12 3.3. So about 80 minutes of runs: the last report took 41
+# on two workers alone (largest first); with the default limit of 60, up to about 90. Left out for
 # time: the whole 10x10 (38 min a seed, before the second requantizer) and the 16x16 array
 # (42.5 min); FPGA_CONFIGS=4x4,8x8,10x10 or FPGA_ARRAY_CONFIGS=4x4,8x8,12x12,16x16 add them.
 # A place and route still running after FPGA_PNR_MINUTES is stopped and named on the page as
