@@ -167,12 +167,15 @@ def _tool_environment():
 def board_plan(platform, config, pll, name="npu"):
     """Amaranth's build plan (files and script, nothing run) of the board build: Yosys reads
     ``<name>.v``, the design's Verilog with its assertions left out of synthesis."""
-    # nextpnr's router1, not the flow's router2: on the 8x8's board placement router2's
-    # overused wires fell to a few hundred or thousand and then rose again, on every try
-    # since the eighth session; router1 routed the same netlist in 13 minutes
-    # (docs/fpga-timing.md, seventeenth session).
+    # nextpnr's router1, as the flow: on the 8x8's board placement router2's overused wires
+    # fell to a few hundred or thousand and then rose again, on every try since the eighth
+    # session; router1 routed the same netlist in 13 minutes (docs/fpga-timing.md,
+    # seventeenth session). Without the flow's --tmg-ripup: on the board's placement each
+    # round of it took about five minutes and gained nothing (at 110 MHz the first routing's
+    # -0.88 ns became -1.19 after a round; at 125, -1.97, -2.41, -1.89; twenty-sixth session),
+    # and its 50 rounds would run for hours.
     plan = platform.prepare(BoardTop(config, pll), name=name,
-                            nextpnr_opts="--router router1 --tmg-ripup --timing-allow-fail "
+                            nextpnr_opts="--router router1 --timing-allow-fail "
                                          f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}",
                             synth_opts="-abc9",
                             # proc first, so that the flip-flops KEEP_APART names exist.

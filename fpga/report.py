@@ -664,7 +664,9 @@ oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CL
 `fpga/board.py`, 100 MHz, what the 8x8's board build met on `1465639`: 100.26 MHz at a
 110 MHz constraint, its own placement, one seed; the
 board's own place and route reports its Fmax at the end of this page
-when a build has finished; nextpnr's router1, as the flow), with the divisors Project
+when a build has finished; nextpnr's router1, as the flow, but without its rip-up,
+whose rounds on the board's placement took five minutes each and gained nothing), with
+the divisors Project
 Trellis' `ecppll` would
 choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
 design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture` and

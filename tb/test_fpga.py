@@ -427,14 +427,15 @@ def test_board_build_reads_verilog_without_assertions():
     """The board build's Yosys reads the design as Verilog, not Amaranth's RTLIL (on which
     Yosys 0.70 stops in ABC's reintegration since 42917d9), with every assertion and its
     message under ``ifndef SYNTHESIS`` as in the out-of-context flow; nextpnr has the flow's
-    router, rip-up and placer weight."""
+    router and placer weight but not its rip-up."""
     platform = BOARDS["ulx3s-85f"]()
     plan = board_plan(platform, NPUConfig.from_name("2x2"), board_pll(platform))
     script = plan.files["npu.ys"]
     assert "read_verilog npu.v" in script and "read_rtlil" not in script
     assert f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}" in plan.files["build_npu.sh"]
-    # The router rips up the arcs that miss the PLL's clock, as in the flow.
-    assert "--router router1 --tmg-ripup" in plan.files["build_npu.sh"]
+    # The flow's router, without its rip-up (hours of rounds on the board's placement).
+    assert "--router router1 --timing-allow-fail" in plan.files["build_npu.sh"]
+    assert "--tmg-ripup" not in plan.files["build_npu.sh"]
     verilog = plan.files["npu.v"]
     assert "`ifndef SYNTHESIS" in verilog
     assert not re.search(r"^\s*assert \(", verilog, re.MULTILINE)
