@@ -606,10 +606,10 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   from 122.80 to 126.55 MHz (one round of 24 arcs) and seed 2 from 122.00 to 123.90 (one
   path of the DMA reader left, which no round shortened). A run that meets the constraint
   stops there, so its Fmax is where the router stopped, not its placement's limit: the same
-  seed 1 at 135 MHz reached 129.9 after its first round and no more in the next four (a
-  minute a round), and at 150 MHz, where each round rips up the worst 5% of the arcs (some
-  3,000, a minute and a half a round), 129.9 after its second and no more in the next two:
-  50 rounds of either are too slow for a report. `python -m fpga run --freq F
+  seed 1 at 135 MHz reached 129.9 after its first round and no more in the next three, and
+  at 150 MHz, where each round rips up the worst 5% of the arcs (some 3,000), 129.9 after
+  its second and no more in the next two; at either a round took about 90 s, so 50 of them
+  are too slow for a report. `python -m fpga run --freq F
   [--no-tmg-ripup]` for others.
 * **Seeds and workers**: `make fpga-report` places and routes the whole NPU once per seed
   (`FPGA_SEEDS`) and the array alone on the first seed. Each run (a config, a top, a seed)
