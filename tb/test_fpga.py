@@ -25,7 +25,8 @@ from amaranth.lib.memory import Memory
 import fpga.flow
 import fpga.report
 from fpga.__main__ import main as fpga_main
-from fpga.board import BOARDS, CLOCK_MHZ, BoardTop, board_pll, board_plan
+from fpga.board import (BOARDS, CLOCK_MHZ, SEED, TMG_RIPUP, BoardTop, board_pll,
+                         board_plan)
 from fpga.flow import (PLACER_TIMING_WEIGHT, ROUTERS, ECP5Target, FlowError, FlowOptions,
                        _run_tool, build_dir, place_and_route, run)
 from fpga.harness import RESET_DCC_85F, ScanHarness
@@ -400,7 +401,7 @@ def test_ecp5_pll_at_most_below_every_output():
 
 
 @pytest.mark.parametrize("clock_mhz, divisors, made_mhz", [
-    (CLOCK_MHZ, (1, 4, 6, 2), 100.0),
+    (CLOCK_MHZ, (5, 23, 5, 2), 115.0),
     (44.9, (4, 7, 14, 7), 43.75),
 ])
 def test_board_pll_instance(clock_mhz, divisors, made_mhz):
@@ -433,12 +434,39 @@ def test_board_build_reads_verilog_without_assertions():
     script = plan.files["npu.ys"]
     assert "read_verilog npu.v" in script and "read_rtlil" not in script
     assert f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT}" in plan.files["build_npu.sh"]
-    # The flow's router, without its rip-up (hours of rounds on the board's placement).
+    # The flow's router, on the board's seed, without its rip-up (rounds of minutes each on
+    # the board's placement) unless asked for.
     assert "--router router1 --timing-allow-fail" in plan.files["build_npu.sh"]
+    assert f"--seed {SEED} " in plan.files["build_npu.sh"] and not TMG_RIPUP
     assert "--tmg-ripup" not in plan.files["build_npu.sh"]
     verilog = plan.files["npu.v"]
     assert "`ifndef SYNTHESIS" in verilog
     assert not re.search(r"^\s*assert \(", verilog, re.MULTILINE)
+
+
+def test_board_seed_and_rip_up_reach_nextpnr(monkeypatch):
+    """``python -m fpga board --seed N --tmg-ripup`` reaches the board's nextpnr command;
+    a bad seed or rip-up is refused in one line."""
+    platform = BOARDS["ulx3s-85f"]()
+    config, pll = NPUConfig.from_name("2x2"), board_pll(platform)
+    script = board_plan(platform, config, pll, seed=7, tmg_ripup=True).files["build_npu.sh"]
+    assert "--seed 7 --tmg-ripup " in script
+    for seed, tmg_ripup, message in ((-1, False, "seed must be a non-negative integer, not -1"),
+                                     (True, False, "seed must be a non-negative integer, not "
+                                                   "True"),
+                                     (1, "yes", "tmg_ripup must be True or False, not 'yes'")):
+        with pytest.raises(ValueError) as error:
+            board_plan(platform, config, pll, seed=seed, tmg_ripup=tmg_ripup)
+        assert str(error.value) == message
+    calls = []
+    monkeypatch.setattr(fpga.__main__, "build_board",
+                        lambda *args, **kwargs: calls.append((args, kwargs)))
+    assert fpga_main(["board", "--config", "2x2", "--seed", "5", "--tmg-ripup",
+                      "--clock-mhz", "90"]) == 0
+    assert fpga_main(["board", "--config", "2x2"]) == 0
+    assert [(args[1:], kwargs) for args, kwargs in calls] == [
+        (("ulx3s-85f",), {"clock_mhz": 90.0, "seed": 5, "tmg_ripup": True}),
+        (("ulx3s-85f",), {"clock_mhz": CLOCK_MHZ, "seed": SEED, "tmg_ripup": TMG_RIPUP})]
 
 
 def test_build_dir_names_the_top_and_a_seed_other_than_1():
