@@ -14,7 +14,7 @@ BOARD   ?= ulx3s-85f
 # whole NPU 4x4 4-5 min, 8x8 9-22 (one that does not route runs to FPGA_PNR_MINUTES);
 # array 4x4 0.2, 8x8 0.9, 12x12 3.3. So about 80 minutes of runs: the last report took 41
 # on two workers alone (largest first); with the default limit of 60, up to about 90. Left out for
-# time: the whole 10x10 (38 min a seed, before the second requantizer) and the 16x16 array
+# time: the whole 10x10 (35 min a seed with router1, 45+ with the rip-up) and the 16x16 array
 # (42.5 min); FPGA_CONFIGS=4x4,8x8,10x10 or FPGA_ARRAY_CONFIGS=4x4,8x8,12x12,16x16 add them.
 # A place and route still running after FPGA_PNR_MINUTES is stopped and named on the page as
 # a failed run (a router may not converge on some seeds, and then runs on for hours).

@@ -628,17 +628,20 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
 ## The largest NPU on the 85F
 
 The 10 x 10 NPU is the largest whose multipliers all go on MULT18X18D (100 PEs, the
-requantizer's four a lane, 40, and the controller's three: 143 of the 85F's 156); at 38
-minutes a seed (2026-12-03) it is not in `make fpga-report`'s default list, and
-`FPGA_CONFIGS=4x4,8x8,10x10` adds it. On 2026-12-05 (`a039dc7`, seed 1: 22,959 LUT4, 5,128
-CCU2C, 25,735 flip-flops) its placer (HeAP) took 6 minutes and router2 still had 11,640 wires
-overused at its tenth iteration, 28 minutes in, and was stopped: like the 8x8, it routes
-on some placements at best. The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C,
-87% of the 85F's logic before packing; 144 PEs on DSPs, the requantizer on LUT
-multipliers), but on 2026-12-02 nextpnr's router2 had not converged after 2 h 10 min (19
-iterations, 10,810 wires still overused and rising) and was stopped; `make fpga
-CONFIG=12x12` tries it again. Between the two, 11 x 11 needs 168 multipliers, so part of
-it is on LUTs as well.
+requantizer's four a lane, 40, and the controller's two: 142 of the 85F's 156). It is not in
+`make fpga-report`'s default list (`FPGA_CONFIGS=4x4,8x8,10x10` adds it): its first routing
+alone takes half an hour. router2 did not route it (2026-12-05, `a039dc7`: 11,640 wires
+still overused at its tenth iteration, 28 minutes in); router1 does. On `767d7e7`
+(2026-12-07, seed 1: 37,152 LUT4, 27,384 flip-flops, 142 MULT18X18D, 36 DP16KD) it reached
+**111.71 MHz, 22.3 peak GOPS** (`python -m fpga run --config 10x10 --no-tmg-ripup`: 33
+minutes of place and route; its critical path, 8.95 ns of which 6.82 routing, from the
+accumulator's block RAM to the DMA writer); with the rip-up its first round had not ended
+when the run was stopped at 45 minutes (its first routing the same, -0.95 ns against 8 ns).
+The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C, 87% of the 85F's logic before
+packing; 144 PEs on DSPs, the requantizer on LUT multipliers), but on 2026-12-02 nextpnr's
+router2 had not converged after 2 h 10 min (19 iterations, 10,810 wires still overused and
+rising) and was stopped; `make fpga CONFIG=12x12` tries it again, now with router1 (not yet
+tried). Between the two, 11 x 11 needs 168 multipliers, so part of it is on LUTs as well.
 
 ## Smaller devices
 
