@@ -31,7 +31,8 @@ from amaranth_boards.ulx3s import (ULX3S_25F_Platform, ULX3S_45F_Platform,
 
 from hw.pe import ECP5_MAC_PIPELINE
 from hw.top import NPU, enforce_assertions
-from .flow import KEEP_APART, PLACER_TIMING_WEIGHT, REPO_ROOT, FlowError
+from .flow import (KEEP_APART, PLACER_TIMING_WEIGHT, REPO_ROOT, FlowError, check_count,
+                   check_flag)
 from .harness import ScanHarness
 from .pll import ecp5_pll
 
@@ -174,10 +175,8 @@ def board_plan(platform, config, pll, name="npu", *, seed=SEED, tmg_ripup=TMG_RI
     ``<name>.v``, the design's Verilog with its assertions left out of synthesis; nextpnr
     places with ``seed`` and routes with router1, with its timing-driven rip-up if
     ``tmg_ripup``."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
-    if not isinstance(tmg_ripup, bool):
-        raise ValueError(f"tmg_ripup must be True or False, not {tmg_ripup!r}")
+    check_count("seed", seed)
+    check_flag("tmg_ripup", tmg_ripup)
     # nextpnr's router1, as the flow: on the 8x8's board placement router2's overused wires
     # fell to a few hundred or thousand and then rose again, on every try since the eighth
     # session; router1 routed the same netlist in 13 minutes (docs/fpga-timing.md,

@@ -36,7 +36,8 @@ from .harness import ScanHarness
 
 
 __all__ = ["DEVICES", "ROUTERS", "ECP5Target", "FlowError", "run", "elaborate", "synthesize",
-           "place_and_route", "read_report", "build_dir", "REPO_ROOT"]
+           "place_and_route", "read_report", "build_dir", "check_flag", "check_count",
+           "REPO_ROOT"]
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -332,6 +333,19 @@ class FlowOptions:
     pnr_minutes: float = 60.0
 
 
+def check_flag(name, value):
+    """A tool option that is on or off: ``ValueError`` naming it unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
+
+
+def check_count(name, value):
+    """A tool option that is a count (a seed, a weight): ``ValueError`` naming it unless
+    ``value`` is a non-negative int (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+
+
 def build_dir(config, device, mac, top="npu", seed=FlowOptions.seed):
     """``build/fpga/<config>_<device>_<mac>[_<top>][_s<seed>]``: the top is named unless it
     is the whole NPU, the seed unless it is the default one (so a run on it keeps the name
@@ -354,11 +368,8 @@ def run(config, options=None, *, workdir=None, log=print):
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {options.device!r}")
     if options.router not in ROUTERS:
         raise ValueError(f"router must be one of {', '.join(ROUTERS)}, not {options.router!r}")
-    if not isinstance(options.tmg_ripup, bool):
-        raise ValueError(f"tmg_ripup must be True or False, not {options.tmg_ripup!r}")
-    weight = options.placer_timing_weight
-    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
-        raise ValueError(f"placer_timing_weight must be a non-negative integer, not {weight!r}")
+    check_flag("tmg_ripup", options.tmg_ripup)
+    check_count("placer_timing_weight", options.placer_timing_weight)
     minutes = options.pnr_minutes
     if minutes is not None and not (isinstance(minutes, (int, float))
                                     and not isinstance(minutes, bool) and minutes > 0):

@@ -674,7 +674,7 @@ Its clock, by default `CLOCK_MHZ` of `fpga/board.py` (115 MHz), is set below wha
 board build reaches on its seed (`SEED` there, 3): 117.12 MHz on `767d7e7`'s hardware. The
 board build places the NPU with its pins and PLL, so its placements are its own, not the
 flow's: on that hardware seeds 1 to 5 reached 100.26, 116.80, 117.12, 114.32 and 112.94 MHz
-(the flow's first routings of the same NPU: 115.7 to 122.8). It routes with router1, as the
+(the flow's first routings of the same NPU: 115.8 to 122.8). It routes with router1, as the
 flow, but without the rip-up (`--tmg-ripup` asks for it): on the board's placements its rounds
 took five to nine minutes each and did not converge (seed 3 at 125 MHz: -0.54, -0.30, -0.60,
 -0.80 ns). The board's own place and route reports its Fmax at the end of this page when a
