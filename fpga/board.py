@@ -128,7 +128,10 @@ class BoardTop(Elaboratable):
             i_RST=0, i_STDBY=0, i_CLKI=oscillator.i, o_CLKOP=sync.clk, i_CLKFB=sync.clk,
             i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
             i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
-        platform.add_clock_constraint(sync.clk, pll.output_mhz * 1e6)
+        # No clock constraint on CLKOP: nextpnr derives it from the oscillator's (the
+        # platform's 25 MHz) and the divisors above ("Derived frequency constraint"), and an
+        # lpf FREQUENCY NET would name a net that synthesis renames, which nextpnr ignores
+        # with a warning.
         # The reset, released on the clock once the PLL has locked, reaches every flip-flop
         # with one: it goes onto a global network through a DCCA, as in the out-of-context
         # harness (nextpnr promotes only clocks by itself; routed in the fabric, the reset
