@@ -37,7 +37,7 @@ from .harness import ScanHarness
 
 __all__ = ["DEVICES", "ROUTERS", "ECP5Target", "FlowError", "run", "elaborate", "synthesize",
            "place_and_route", "read_report", "build_dir", "check_flag", "check_count",
-           "REPO_ROOT"]
+           "dsp_budget", "REPO_ROOT"]
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -211,6 +211,22 @@ tee -q -o {stat} stat -json
 # Without DSPs, Booth-encoded LUT multipliers are smaller and faster than Yosys' default
 # array multiplier.
 _BOOTH = "flatten\nopt_expr\nopt_clean\nwreduce\nbooth"
+
+
+def dsp_budget(multipliers, available, *, config, mac, top):
+    """How many PEs keep a DSP when the netlist's ``multipliers`` MULT18X18D do not fit the
+    device's ``available``: with ``mac="dsp"``, the PEs get what the other blocks leave (the
+    requantizer's four a lane and the decoder's two stay on DSPs: as LUTs, each would be an
+    18 x 18 multiplier in one stage, where a PE's is 8 x 8), row by row; with ``"plain"``,
+    none (every product is Yosys' to infer, and goes to LUTs)."""
+    if mac != "dsp":
+        return 0
+    pes = config.rows * config.cols if top in ("npu", "array") else 0
+    others = multipliers - pes
+    if others > available:
+        raise FlowError(f"{others} MULT18X18D outside the PEs do not fit the {available} of "
+                        f"the device")
+    return min(pes, available - others)
 
 
 def synthesize(verilog_path, workdir, *, synth_options=("-abc9",)):
@@ -392,18 +408,20 @@ def run(config, options=None, *, workdir=None, log=print):
     dsp_pes = None
     available = DEVICES[options.device]["mult18"]
     if cells.get("MULT18X18D", 0) > available:
-        # More multipliers than the device has DSPs: the first PEs keep theirs, everything
-        # else (the other PEs, the requantizer's products) becomes Booth LUT multipliers.
-        dsp_pes = min(config.rows * config.cols, available) if options.mac == "dsp" else 0
+        dsp_pes = dsp_budget(cells["MULT18X18D"], available, config=config, mac=options.mac,
+                             top=options.top)
         synth_options += ("-nodsp",)
         log(f"fpga: {cells['MULT18X18D']} MULT18X18D do not fit the {available} of "
-            f"{options.device}: {dsp_pes} PEs keep a DSP, the rest goes to LUTs")
+            f"{options.device}: {dsp_pes} PEs keep a DSP, the other PEs' products go to LUTs")
         text, harness = elaborate(config, device=options.device, mac=options.mac,
                                   mac_pipeline=options.mac_pipeline, top=options.top,
                                   dsp_pes=dsp_pes)
         verilog_path.write_text(text)
         cells, more_seconds = synthesize(verilog_path, workdir, synth_options=synth_options)
         synth_seconds += more_seconds
+        if cells.get("MULT18X18D", 0) > available:
+            raise FlowError(f"{cells['MULT18X18D']} MULT18X18D with {dsp_pes} PEs on DSPs "
+                            f"still do not fit the {available} of {options.device}")
     log(f"fpga: synthesis {synth_seconds:.0f} s: " + ", ".join(
         f"{cells.get(name, 0)} {name}" for name in ("LUT4", "CCU2C", "TRELLIS_FF",
                                                      "MULT18X18D", "DP16KD")))

@@ -583,9 +583,10 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   four a lane (hand-instantiated too, with an output register) and the controller's
   bounds and MAC-count products.
 * **When the DSPs run out** (more multipliers than the device has), the flow synthesizes
-  again with `-nodsp`: the first PEs (row by row, as many as there are MULT18X18D) keep a DSP,
-  and the other PEs and the requantizer get Booth LUT multipliers (Yosys `booth`). The
-  column "PEs on DSPs" says how many kept one.
+  again with `-nodsp`: the requantizer's and the controller's products keep their DSPs (in
+  LUTs each would be an 18 x 18 multiplier in one stage), the first PEs (row by row) take the
+  MULT18X18D left, and the other PEs get 8 x 8 Booth LUT multipliers (Yosys `booth`;
+  `fpga.flow.dsp_budget`). The column "PEs on DSPs" says how many kept one.
 * **Memories**: the scratchpad and the accumulator are `amaranth.lib.memory.Memory`; Yosys
   maps them to DP16KD block RAM (the DP16KD column), nothing to distributed RAM beyond the
   small FIFOs.
@@ -647,7 +648,8 @@ tried). Between the two, 11 x 11 needs 168 multipliers, so part of it is on LUTs
 
 `make fpga DEVICE=LFE5U-25F` (28 MULT18X18D, 56 DP16KD) and `DEVICE=LFE5U-45F` (72, 108) run
 the same flow. Where the PEs and the requantizer's products need more MULT18X18D than the
-device has, the first PEs keep a DSP and the rest are LUT multipliers (above); `report.json`
+device has, the first PEs take the DSPs the other blocks leave and the rest are LUT
+multipliers (above); `report.json`
 says how many (`dsp_pes`). A config whose logic does not fit the device stops in nextpnr with
 its utilization in `pnr.log`: the 4x4 NPU does not fit the 25F (35 MULT18X18D wanted, 28
 there; with the rest on LUTs it needs 106% of the 25F's 24,288 LUT4 before packing, measured

@@ -17,7 +17,8 @@ ECP5_MAC_PIPELINE = 4
 
 def dsp_pes(platform):
     """How many PEs may take a DSP block on this platform (``npu_dsp_pes``; all of them if the
-    platform does not say)."""
+    platform does not say). It limits the PEs only: the requantizer's and the decoder's
+    products stay on DSPs (``fpga.flow.dsp_budget`` leaves theirs out of the count)."""
     count = getattr(platform, "npu_dsp_pes", None)
     if count is not None and (not isinstance(count, int) or count < 0):
         raise ValueError(f"npu_dsp_pes must be None or a non-negative integer, not {count!r}")

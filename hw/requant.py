@@ -7,7 +7,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import QuantMode
-from .pe import dsp_pes, mult18x18d
+from .pe import mult18x18d
 from .requant_float import (POINT_BIAS, clamp_bounds, eighths_decode, float_stages,
                             leading_zeros, rounds_up)
 
@@ -78,9 +78,9 @@ class Requantizer(wiring.Component):
     cols : int
         Lanes per row.
     dsp : bool
-        On ECP5, put the partial products on MULT18X18D (default, unless the platform has
-        run out of them: ``npu_dsp_pes``). Without, the same registers are built around a
-        plain ``*``.
+        On ECP5, put the partial products on MULT18X18D (default, also when the platform
+        gives the PEs fewer DSPs than they are: ``npu_dsp_pes``). Without, the same
+        registers are built around a plain ``*``.
 
     Attributes
     ----------
@@ -136,8 +136,9 @@ class Requantizer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        on_dsp = (self.dsp and getattr(platform, "family", None) == "ecp5"
-                  and dsp_pes(platform) is None)
+        # A platform's DSP budget (``npu_dsp_pes``) limits only the PEs: these products
+        # would be 18 x 18 LUT multipliers, each many times an 8-bit PE's.
+        on_dsp = self.dsp and getattr(platform, "family", None) == "ecp5"
 
         # Only the row's valid flag and the result are held; the stages in between run
         # every cycle (as the MULT18X18D's registers do). The held result has no reset

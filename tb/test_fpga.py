@@ -472,6 +472,25 @@ def test_board_seed_and_rip_up_reach_nextpnr(monkeypatch):
         (("ulx3s-85f",), {"clock_mhz": CLOCK_MHZ, "seed": SEED, "tmg_ripup": TMG_RIPUP})]
 
 
+def test_dsp_budget_leaves_the_other_blocks_their_dsps():
+    """When the multipliers outrun the device's DSPs, the PEs get what the requantizer's and
+    the decoder's leave: the 12 x 12 NPU's 194 on the 85F's 156 keep 106 PEs on DSPs, the
+    16 x 16 array alone 156; the Verilog of a budget keeps every other block's MULT18X18D."""
+    budget = fpga.flow.dsp_budget
+    assert budget(194, 156, config=NPUConfig.from_name("12x12"), mac="dsp", top="npu") == 106
+    assert budget(256, 156, config=NPUConfig.from_name("16x16"), mac="dsp", top="array") == 156
+    assert budget(194, 156, config=NPUConfig.from_name("12x12"), mac="plain", top="npu") == 0
+    with pytest.raises(FlowError) as error:
+        budget(200, 40, config=NPUConfig.from_name("4x4"), mac="dsp", top="npu")
+    assert str(error.value) == "184 MULT18X18D outside the PEs do not fit the 40 of the device"
+    counts = []
+    for dsp_pes in (None, 1, 0):
+        text, _ = fpga.flow.elaborate(NPUConfig.from_name("2x2"), dsp_pes=dsp_pes)
+        counts.append(len(re.findall(r"^\s*MULT18X18D\b", text, re.MULTILINE)))
+    # Four PEs, two requantizer lanes of four, the decoder's two.
+    assert counts == [4 + 8 + 2, 1 + 8 + 2, 0 + 8 + 2]
+
+
 def test_build_dir_names_the_top_and_a_seed_other_than_1():
     config = NPUConfig.from_name("8x8")
     names = [build_dir(config, "LFE5U-85F", "dsp", top, seed).name

@@ -8,7 +8,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import FETCH_DEPTH
 from ..isa import ErrorCode, Instruction, LoadArgs, Opcode, StoreArgs
-from ..pe import dsp_pes, mult18x18d
+from ..pe import mult18x18d
 from .fetcher import WordsSignature
 from .signatures import (KIND_OPCODES, Decoded, Issuable, NextHeadSignature, RowRange,
                          decoded_slices, status_copy)
@@ -61,8 +61,9 @@ class Decoder(wiring.Component):
     ----------
     config : NPUConfig
     dsp : bool
-        On ECP5, put the partial products on MULT18X18D (default, unless the platform has
-        run out of them). Without, the same registers are built around a plain ``*``.
+        On ECP5, put the partial products on MULT18X18D (default, also when the platform
+        gives the PEs fewer DSPs than they are: ``npu_dsp_pes``). Without, the same
+        registers are built around a plain ``*``.
 
     Attributes
     ----------
@@ -231,8 +232,7 @@ class Decoder(wiring.Component):
         ahead, fetched_now = words.ahead.args.load, incoming.args.load
         for product, bits in ((partial_lo, slice(0, 16)), (partial_hi, slice(16, 32))):
             early = Signal(32, name=f"bounds_{product.name}_early")
-            if (self.dsp and getattr(platform, "family", None) == "ecp5"
-                    and dsp_pes(platform) is None):
+            if self.dsp and getattr(platform, "family", None) == "ecp5":
                 mult18x18d(m, Cat(ahead.rows, Const(0, 1)),
                            Cat(ahead.dram_stride[bits], Const(0, 1)), early,
                            registered_inputs=True, name=f"bounds_{product.name}")
