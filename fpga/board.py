@@ -31,8 +31,8 @@ from amaranth_boards.ulx3s import (ULX3S_25F_Platform, ULX3S_45F_Platform,
 
 from hw.pe import ECP5_MAC_PIPELINE
 from hw.top import NPU, enforce_assertions
-from .flow import (KEEP_APART, PLACER_TIMING_WEIGHT, REPO_ROOT, FlowError, check_count,
-                   check_flag)
+from .flow import (DEVICES, KEEP_APART, PLACER_TIMING_WEIGHT, REPO_ROOT, FlowError,
+                   check_count, check_flag, dsp_budget, mult18_instances)
 from .harness import ScanHarness
 from .pll import ecp5_pll
 
@@ -177,9 +177,24 @@ def board_plan(platform, config, pll, name="npu", *, seed=SEED, tmg_ripup=TMG_RI
     """Amaranth's build plan (files and script, nothing run) of the board build: Yosys reads
     ``<name>.v``, the design's Verilog with its assertions left out of synthesis; nextpnr
     places with ``seed`` and routes with router1, with its timing-driven rip-up if
-    ``tmg_ripup``."""
+    ``tmg_ripup``. Where the NPU's products outnumber the part's MULT18X18D (the 4x4 on the
+    25F), the PEs get the DSPs the other blocks leave, as in the out-of-context flow
+    (:func:`fpga.flow.dsp_budget`), and Yosys maps no more (``-nodsp``); ``platform`` is then
+    not the one prepared, which is a fresh instance of its class."""
     check_count("seed", seed)
     check_flag("tmg_ripup", tmg_ripup)
+    plan = _prepare(platform, config, pll, name, seed, tmg_ripup, nodsp=False)
+    available = DEVICES[platform.device]["mult18"]
+    multipliers = mult18_instances(plan.files[f"{name}.v"])
+    if multipliers > available:
+        platform = type(platform)()
+        platform.npu_dsp_pes = dsp_budget(multipliers, available, config=config, mac="dsp",
+                                          top="npu")
+        plan = _prepare(platform, config, pll, name, seed, tmg_ripup, nodsp=True)
+    return plan
+
+
+def _prepare(platform, config, pll, name, seed, tmg_ripup, *, nodsp):
     # nextpnr's router1, as the flow: on the 8x8's board placement router2's overused wires
     # fell to a few hundred or thousand and then rose again, on every try since the eighth
     # session; router1 routed the same netlist in 13 minutes (docs/fpga-timing.md,
@@ -191,7 +206,7 @@ def board_plan(platform, config, pll, name="npu", *, seed=SEED, tmg_ripup=TMG_RI
                             nextpnr_opts="--router router1 --timing-allow-fail "
                                          f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT} "
                                          f"--seed {seed}" + " --tmg-ripup" * tmg_ripup,
-                            synth_opts="-abc9",
+                            synth_opts="-abc9" + " -nodsp" * nodsp,
                             # proc first, so that the flip-flops KEEP_APART names exist.
                             script_after_read=f"proc\n{KEEP_APART}")
     plan.files[f"{name}.v"] = enforce_assertions(plan.files[f"{name}.v"])
@@ -218,6 +233,9 @@ def build_board(config, board="ulx3s-85f", *, clock_mhz=CLOCK_MHZ, seed=SEED,
     # from the YoWASP one named for the build script (whose Verilog of this design its own
     # hierarchy pass then fails to re-read: "npu.reset_sync ... is not part of the design").
     plan = board_plan(platform, config, pll, name, seed=seed, tmg_ripup=tmg_ripup)
+    if "-nodsp" in plan.files[f"{name}.ys"]:
+        print(f"fpga: more products than the {platform.device}'s MULT18X18D: "
+              f"{mult18_instances(plan.files[f'{name}.v'])} keep one, the other PEs' go to LUTs")
     _tool_environment()
     try:
         plan.execute_local(str(build_dir))

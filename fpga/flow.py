@@ -37,7 +37,7 @@ from .harness import ScanHarness
 
 __all__ = ["DEVICES", "ROUTERS", "ECP5Target", "FlowError", "run", "elaborate", "synthesize",
            "place_and_route", "read_report", "build_dir", "check_flag", "check_count",
-           "dsp_budget", "REPO_ROOT"]
+           "dsp_budget", "mult18_instances", "REPO_ROOT"]
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -211,6 +211,12 @@ tee -q -o {stat} stat -json
 # Without DSPs, Booth-encoded LUT multipliers are smaller and faster than Yosys' default
 # array multiplier.
 _BOOTH = "flatten\nopt_expr\nopt_clean\nwreduce\nbooth"
+
+
+def mult18_instances(verilog):
+    """The MULT18X18D instances in ``verilog`` (the design's Verilog, before synthesis): on
+    ECP5 every product of the NPU is one (the PEs', the requantizer's, the decoder's)."""
+    return len(re.findall(r"^\s*MULT18X18D\b", verilog, re.MULTILINE))
 
 
 def dsp_budget(multipliers, available, *, config, mac, top):

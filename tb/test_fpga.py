@@ -28,7 +28,7 @@ from fpga.__main__ import main as fpga_main
 from fpga.board import (BOARDS, CLOCK_MHZ, SEED, TMG_RIPUP, BoardTop, board_pll,
                          board_plan)
 from fpga.flow import (PLACER_TIMING_WEIGHT, ROUTERS, ECP5Target, FlowError, FlowOptions,
-                       _run_tool, build_dir, place_and_route, run)
+                       _run_tool, build_dir, mult18_instances, place_and_route, run)
 from fpga.harness import RESET_DCC_85F, ScanHarness
 from fpga.pll import PLLSetting, ecp5_pll
 from fpga.report import (ARRAY_CONFIGS, JOBS, NPU_CONFIGS, SEEDS, plan, render, summarize,
@@ -447,6 +447,22 @@ def test_board_build_reads_verilog_without_assertions():
     assert not re.search(r"^\s*assert \(", verilog, re.MULTILINE)
 
 
+def test_board_build_gives_the_pes_the_dsps_left(monkeypatch):
+    """Where the NPU's products outnumber the part's MULT18X18D, the board build keeps the
+    requantizer's and the decoder's on DSPs, gives the first PEs the rest and has Yosys map
+    no more: as the out-of-context flow (2x2: four PEs, eight and two others, on a part
+    made to have 12)."""
+    platform = BOARDS["ulx3s-25f"]()
+    config, pll = NPUConfig.from_name("2x2"), board_pll(platform)
+    plan = board_plan(platform, config, pll)
+    assert mult18_instances(plan.files["npu.v"]) == 14 and "-nodsp" not in plan.files["npu.ys"]
+    monkeypatch.setitem(fpga.flow.DEVICES, "LFE5U-25F",
+                        {**fpga.flow.DEVICES["LFE5U-25F"], "mult18": 12})
+    plan = board_plan(BOARDS["ulx3s-25f"](), config, pll)
+    assert mult18_instances(plan.files["npu.v"]) == 12
+    assert "synth_ecp5 -abc9 -nodsp" in plan.files["npu.ys"].replace("  ", " ")
+
+
 def test_board_seed_and_rip_up_reach_nextpnr(monkeypatch):
     """``python -m fpga board --seed N --tmg-ripup`` reaches the board's nextpnr command;
     a bad seed or rip-up is refused in one line."""
@@ -486,7 +502,7 @@ def test_dsp_budget_leaves_the_other_blocks_their_dsps():
     counts = []
     for dsp_pes in (None, 1, 0):
         text, _ = fpga.flow.elaborate(NPUConfig.from_name("2x2"), dsp_pes=dsp_pes)
-        counts.append(len(re.findall(r"^\s*MULT18X18D\b", text, re.MULTILINE)))
+        counts.append(mult18_instances(text))
     # Four PEs, two requantizer lanes of four, the decoder's two.
     assert counts == [4 + 8 + 2, 1 + 8 + 2, 0 + 8 + 2]
 
