@@ -638,11 +638,14 @@ still overused at its tenth iteration, 28 minutes in); router1 does. On `767d7e7
 minutes of place and route; its critical path, 8.95 ns of which 6.82 routing, from the
 accumulator's block RAM to the DMA writer); with the rip-up its first round had not ended
 when the run was stopped at 45 minutes (its first routing the same, -0.95 ns against 8 ns).
-The 12 x 12 NPU synthesizes (58,960 LUT4 and 6,874 CCU2C, 87% of the 85F's logic before
-packing; 144 PEs on DSPs, the requantizer on LUT multipliers), but on 2026-12-02 nextpnr's
-router2 had not converged after 2 h 10 min (19 iterations, 10,810 wires still overused and
-rising) and was stopped; `make fpga CONFIG=12x12` tries it again, now with router1 (not yet
-tried). Between the two, 11 x 11 needs 168 multipliers, so part of it is on LUTs as well.
+The 12 x 12 NPU does not route yet. It synthesizes to 34,818 LUT4 and 6,370 CCU2C (106 PEs
+and the requantizer on the 156 DSPs, 38 PEs on LUT multipliers; 60% of the 85F's LUT4 sites
+after packing) and places (nextpnr's estimate 81.45 MHz), but on 2026-12-07 router1 without
+the rip-up (seed 1) still had 100 to 300 arcs left to route after 73 minutes of routing,
+going up and down (1,000 iterations took 400 to 500 s), and was stopped. Before the requantizer kept its DSPs it needed 57,029
+LUT4 (88% after packing) and stopped after 64 minutes with 26,277 arcs unrouted; router2 on
+2026-12-02 had not converged after 2 h 10 min. Between the two, 11 x 11 needs 168
+multipliers, so part of its PEs are on LUTs as well.
 
 ## Smaller devices
 
