@@ -234,9 +234,9 @@ def build_board(config, board="ulx3s-85f", *, clock_mhz=CLOCK_MHZ, seed=SEED,
     # hierarchy pass then fails to re-read: "npu.reset_sync ... is not part of the design").
     plan = board_plan(platform, config, pll, name, seed=seed, tmg_ripup=tmg_ripup)
     if "-nodsp" in plan.files[f"{name}.ys"]:
-        print(f"fpga: more products than the {platform.device}'s MULT18X18D: "
-              f"{mult18_instances(plan.files[f'{name}.v'])} products keep one, the other PEs' go to "
-              "LUTs")
+        kept = mult18_instances(plan.files[f"{name}.v"])
+        print(f"fpga: more products than the {platform.device}'s MULT18X18D: {kept} keep "
+              "one, the other PEs' go to LUTs")
     _tool_environment()
     try:
         plan.execute_local(str(build_dir))

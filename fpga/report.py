@@ -642,10 +642,10 @@ The 12 x 12 NPU does not route yet. It synthesizes to 34,818 LUT4 and 6,370 CCU2
 and the requantizer on the 156 DSPs, 38 PEs on LUT multipliers; 60% of the 85F's LUT4 sites
 after packing) and places (nextpnr's estimate 81.45 MHz), but on 2026-12-07 router1 without
 the rip-up (seed 1) still had 100 to 300 arcs left to route after 73 minutes of routing,
-going up and down (1,000 iterations took 400 to 500 s), and was stopped. Before the requantizer kept its DSPs it needed 57,029
-LUT4 (88% after packing) and stopped after 64 minutes with 26,277 arcs unrouted; router2 on
-2026-12-02 had not converged after 2 h 10 min. Between the two, 11 x 11 needs 168
-multipliers, so part of its PEs are on LUTs as well.
+going up and down (1,000 iterations took 400 to 500 s), and was stopped. Before the
+requantizer kept its DSPs it needed 57,029 LUT4 (88% after packing) and stopped after 64
+minutes with 26,277 arcs unrouted; router2 on 2026-12-02 had not converged after 2 h 10 min.
+Between the two, 11 x 11 needs 168 multipliers, so part of its PEs are on LUTs as well.
 
 ## Smaller devices
 
@@ -657,8 +657,9 @@ multipliers (above); `report.json` says how many (`dsp_pes`). So the 4x4 NPU fit
 after packing (81%), **116.4 MHz**, 3.7 peak GOPS (seed 1, measured 2026-12-07). Until then
 the PEs kept every DSP and the requantizer's 18 x 18 products went to LUTs, and it needed
 106% of the 25F's LUT4 before packing. The board build follows the same budget: `make
-fpga-board BOARD=ulx3s-25f CONFIG=4x4` makes 116.21 MHz, PASS at 115 MHz, on the ULX3S-25F. A config whose logic does not fit the device stops in nextpnr with its
-utilization in `pnr.log`.
+fpga-board BOARD=ulx3s-25f CONFIG=4x4` makes 116.21 MHz, PASS at 115 MHz, on the ULX3S-25F.
+A config whose logic does not fit the device stops in nextpnr with its utilization in
+`pnr.log`.
 
 ## A board: ULX3S
 
