@@ -1,19 +1,20 @@
 """The host interface: an AXI4-Lite slave holding the NPU's registers."""
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .axi import AXI4LiteSignature, Resp
 from .controller import HostLinkSignature
-from .isa import MAGIC, VERSION, Control, Reg, Status
+from .isa import MAGIC, VERSION, WATCHDOG_RESET, Control, Irq, Reg, Status
 
 
 __all__ = ["HostInterface"]
 
 
 class HostInterface(wiring.Component):
-    """AXI4-Lite register file: identification, configuration, control, status, cycles.
+    """AXI4-Lite register file: identification, configuration, control, status, cycles,
+    interrupt and watchdog.
 
     The register map is :class:`hw.isa.Reg`. Reads of unmapped offsets return zero, writes to
     them are ignored; both answer OKAY so that probing software does not fault.
@@ -35,6 +36,19 @@ class HostInterface(wiring.Component):
         and performance counters come back.
     read_bytes, write_bytes : In(32)
         The bus traffic counters (``Reg.PERF_READ_BYTES``, ``Reg.PERF_WRITE_BYTES``).
+    core_reset : In(1)
+        The NPU's core reset (:class:`hw.top.NPU`): clears ``IRQ_PENDING``, as a soft reset
+        cleared ``done`` and ``error``. The host's registers are not reset by it.
+    irq : Out(1)
+        ``IRQ_PENDING & IRQ_ENABLE`` is not zero (from flip-flops, through one LUT).
+        ``IRQ_PENDING`` gets :attr:`Irq.DONE` or :attr:`Irq.ERROR` a cycle after the
+        controller's ``ended``, so ``irq`` rises a cycle after ``done`` or ``error``; it is
+        cleared a cycle after ``started`` (before the response of the write of the start,
+        as ``done`` and ``error`` are), after a write of ``CONTROL`` asking for a soft reset
+        and after the core reset. A write of ``IRQ_PENDING`` clears the bits written with 1
+        (an end in the same cycle still sets its bit).
+    watchdog_limit : Out(32)
+        ``Reg.WATCHDOG``: to :class:`hw.watchdog.BusWatchdog`.
     """
     def __init__(self, config):
         self.config = config
@@ -43,6 +57,9 @@ class HostInterface(wiring.Component):
             "ctrl":       In(HostLinkSignature()),
             "read_bytes": In(32),
             "write_bytes": In(32),
+            "core_reset": In(1),
+            "irq":        Out(1),
+            "watchdog_limit": Out(32, init=WATCHDOG_RESET),
         })
 
     def elaborate(self, platform):
@@ -99,17 +116,34 @@ class HostInterface(wiring.Component):
         taken_strb = Signal.like(bus.wstrb, reset_less=True)
         m.d.sync += [taken_addr.eq(bus.awaddr[2:8]), taken_data.eq(bus.wdata),
                      taken_strb.eq(bus.wstrb)]
-        for reg, value in ((Reg.PROG_ADDR, ctrl.prog_addr), (Reg.PROG_LEN, ctrl.prog_len)):
-            for lane in range(4):
+        irq_enable = Signal(Irq.ALL.bit_length(), init=Irq.ALL)
+        for reg, value in ((Reg.PROG_ADDR, ctrl.prog_addr), (Reg.PROG_LEN, ctrl.prog_len),
+                           (Reg.WATCHDOG, self.watchdog_limit), (Reg.IRQ_ENABLE, irq_enable)):
+            for lane in range((len(value) + 7) // 8):
                 with m.If(write_taken & (taken_addr == reg >> 2) & taken_strb[lane]):
                     m.d.sync += value[8 * lane:8 * lane + 8].eq(
                         taken_data[8 * lane:8 * lane + 8])
+
+        # Pending interrupts: set by the end of a program, cleared by the host (write one to
+        # clear), by a run's start and by a soft reset. Only the bits of the end itself
+        # (``done`` or ``error``) are set, so a clear in the same cycle loses no end; a start
+        # wins over an end in its cycle (that end belongs to the run before, which the host
+        # has started over).
+        irq_pending = Signal.like(irq_enable, init=0)
+        acknowledged = Mux(write_taken & (taken_addr == Reg.IRQ_PENDING >> 2) & taken_strb[0],
+                           taken_data[:len(irq_pending)], 0)
+        ending = Mux(ctrl.ended, Cat(ctrl.done, ctrl.error), 0)
+        m.d.sync += irq_pending.eq((irq_pending & ~acknowledged) | ending)
+        with m.If(ctrl.started | soft_reset | self.core_reset):
+            m.d.sync += irq_pending.eq(0)
+        m.d.comb += self.irq.eq((irq_pending & irq_enable).any())
+        assert Irq.DONE == 1 << 0 and Irq.ERROR == 1 << 1   # the order of Cat above
 
         # Reads: one at a time, the address registered, then the data in two steps: each
         # group of eight registers (by the address's upper bits) picks its word by the
         # lower bits into a register, and the group's word is picked from those. The
         # multiplexer starts from the host's own flip-flops, not from the bus's (a route into
-        # its decode was a group of an 8x8's failing paths), and its 23 sources, most from
+        # its decode was a group of an 8x8's failing paths), and its 26 sources, most from
         # the issue stage's counters across the die, reach flip-flops of their group's
         # after two LUT levels (the whole map into ``read_data`` in one cycle was the 4x4's
         # worst path on one placement). Three cycles from the address to the data.
@@ -154,6 +188,9 @@ class HostInterface(wiring.Component):
             Reg.PERF_INSTRUCTIONS: ctrl.perf.instructions,
             Reg.PERF_READ_BYTES:   self.read_bytes,
             Reg.PERF_WRITE_BYTES:  self.write_bytes,
+            Reg.IRQ_ENABLE:  irq_enable,
+            Reg.IRQ_PENDING: irq_pending,
+            Reg.WATCHDOG:    self.watchdog_limit,
         }
         groups = {}
         for offset, value in registers.items():

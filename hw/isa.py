@@ -17,7 +17,8 @@ __all__ = [
     "Opcode", "QuantMode", "LoadArgs", "StoreArgs", "QuantArgs", "PreloadArgs", "MatmulArgs",
     "Arguments", "Instruction",
     "INSTR_BITS", "INSTR_BYTES", "OPTIONAL_FIELDS", "ErrorCode", "Reg", "MAGIC", "VERSION",
-    "PERF_COUNTERS", "Status", "Control", "argument_layout", "encode", "decode", "opcode_of",
+    "PERF_COUNTERS", "Status", "Control", "Irq", "WATCHDOG_RESET", "argument_layout", "encode",
+    "decode", "opcode_of",
 ]
 
 
@@ -214,11 +215,16 @@ class ErrorCode(enum.Enum, shape=8):
                          #: or in float mode a NaN or infinite scale or a non-zero row 1
     START_BUSY     = 10  #: the host wrote start while a program ran; it stops before its next
                          #: instruction (``ERROR_PC`` is that instruction's index)
+    BUS_TIMEOUT    = 11  #: the AXI4 master waited ``Reg.WATCHDOG`` cycles on the slave with no
+                         #: answer; the run ends at once, its transactions are abandoned and
+                         #: the host must soft-reset before the next start (``ERROR_PC``: the
+                         #: oldest instruction waiting on the bus, docs/architecture.md)
 
 
 MAGIC = 0x4E505538      # "NPU8"
-VERSION = 0x0001_0300   # major 1, minor 3: LOAD_QUANT's float mode (minor 2: overlapped units,
-                        # performance counters)
+VERSION = 0x0001_0400   # major 1, minor 4: the bus watchdog and the interrupt enable and
+                        # pending registers (minor 3: LOAD_QUANT's float mode; minor 2:
+                        # overlapped units, performance counters)
 
 
 class Reg(enum.IntEnum):
@@ -247,6 +253,11 @@ class Reg(enum.IntEnum):
     PERF_INSTRUCTIONS = 0x58  #: RO  instructions issued, END included
     PERF_READ_BYTES   = 0x5C  #: RO  bytes read on the AXI4 master (R beats x bus bytes)
     PERF_WRITE_BYTES  = 0x60  #: RO  bytes written on the AXI4 master (W beats x bus bytes)
+    # Interrupt and watchdog (0x64 .. 0x6C left for more counters):
+    IRQ_ENABLE  = 0x70  #: RW  :class:`Irq` bits that raise ``irq`` (reset: all, ``Irq.ALL``)
+    IRQ_PENDING = 0x74  #: W1C :class:`Irq` bits of the ends not yet acknowledged; writing 1
+                        #:     clears a bit; a start and a soft reset clear all
+    WATCHDOG    = 0x78  #: RW  bus watchdog limit in cycles (reset ``WATCHDOG_RESET``; 0: off)
 
 
 #: The performance counters by the names the host, the cycle model and the benches report them
@@ -268,3 +279,17 @@ class Control:
     """Bits of the ``CONTROL`` register."""
     START = 1 << 0
     SOFT_RESET = 1 << 1
+
+
+class Irq:
+    """Bits of ``IRQ_ENABLE`` and ``IRQ_PENDING``: ``irq`` is high while
+    ``IRQ_PENDING & IRQ_ENABLE`` is not zero."""
+    DONE = 1 << 0    #: a program ended with ``END`` (``STATUS.done``)
+    ERROR = 1 << 1   #: a program ended with an error (``STATUS.error``)
+    ALL = DONE | ERROR
+
+
+#: ``Reg.WATCHDOG`` after reset: 2**20 cycles (10.5 ms at 100 MHz) without an answer from the
+#: slave ends the run with ``BUS_TIMEOUT``. A healthy DRAM answers within hundreds of cycles,
+#: a refresh or a busy interconnect within thousands.
+WATCHDOG_RESET = 1 << 20

@@ -16,6 +16,7 @@ from .host import HostInterface
 from .isa import INSTR_BYTES
 from .scratchpad import Scratchpad
 from .systolic import SystolicArray
+from .watchdog import BusWatchdog
 
 
 __all__ = ["ASSERTION_FAILED", "NPU", "convert", "enforce_assertions", "generate_verilog",
@@ -41,7 +42,12 @@ class NPU(wiring.Component):
     s_axil : In(AXI4LiteSignature)
         AXI4-Lite slave with the host registers (:class:`hw.isa.Reg`).
     irq : Out(1)
-        High from the end of a program (done or error) until the next start or soft reset.
+        High while an end of a program (done or error) is pending and enabled
+        (``Reg.IRQ_PENDING & Reg.IRQ_ENABLE``): after reset, from the end of a program
+        until the next start, soft reset or acknowledge.
+
+    The bus watchdog (:attr:`watchdog`, :class:`hw.watchdog.BusWatchdog`) is made here, so
+    that a simulation's protocol checker can see when it expired.
     """
     def __init__(self, config=None):
         if config is None:
@@ -49,6 +55,7 @@ class NPU(wiring.Component):
         if not isinstance(config, NPUConfig):
             raise TypeError(f"config must be an NPUConfig, not {config!r}")
         self.config = config
+        self.watchdog = BusWatchdog(addr_width=config.addr_width, data_width=config.bus_width)
         super().__init__({
             "m_axi":  Out(AXI4Signature(addr_width=config.addr_width,
                                         data_width=config.bus_width)),
@@ -67,7 +74,10 @@ class NPU(wiring.Component):
         # A soft reset stops the units from starting bus transactions (the controller's
         # soft_reset_pending) and waits until the DMA has nothing outstanding, so that no
         # transaction is cut in half; then, a cycle later, it resets every block but the
-        # host registers (for two cycles: the pending flag is among what it resets).
+        # host registers (for two cycles: the pending flag is among what it resets). After
+        # the bus watchdog expired it does not wait: the slave will not answer, and the
+        # transactions outstanding are abandoned (the slave, or the interconnect, must have
+        # forgotten them too before the next program: docs/architecture.md).
         controller = Controller(config, read_row_bytes=read_row_bytes)
         dma = DMA(data_width=config.bus_width, read_row_bytes=read_row_bytes,
                   write_row_bytes=config.acc_row_bytes, addr_width=config.addr_width)
@@ -83,7 +93,8 @@ class NPU(wiring.Component):
         # and one per PE row (Controller.soft_reset, DMA.soft_reset,
         # SystolicArray.soft_reset). The copies are equal by design; fpga/flow.py keeps them
         # apart in synthesis by their name (KEEP_APART).
-        soft_reset = controller.soft_reset_pending & dma.idle
+        watchdog = self.watchdog
+        soft_reset = controller.soft_reset_pending & (dma.idle | watchdog.expired)
 
         def core(name, block):
             reset = Signal(name=f"core_reset_{name}")
@@ -98,6 +109,12 @@ class NPU(wiring.Component):
         core("accumulator", accumulator)
         m.submodules.array = array
         m.d.comb += array.soft_reset.eq(soft_reset)
+        core("watchdog", watchdog)
+        for name in self.m_axi.signature.members:
+            m.d.comb += getattr(watchdog.bus, name).eq(getattr(self.m_axi, name))
+        m.d.comb += [watchdog.idle.eq(dma.idle), watchdog.limit.eq(host.watchdog_limit),
+                     controller.bus_timeout.eq(watchdog.expired),
+                     host.core_reset.eq(soft_reset)]
 
         # Bus traffic counters: data beats on the AXI4 master, from start to done or error.
         read_bytes = Signal(32)
@@ -128,7 +145,7 @@ class NPU(wiring.Component):
             controller.writer.error.eq(dma.write_error),
             host.read_bytes.eq(read_bytes),
             host.write_bytes.eq(write_bytes),
-            self.irq.eq(controller.host.done | controller.host.error),
+            self.irq.eq(host.irq),
         ]
         return m
 

@@ -55,6 +55,9 @@ class Controller(wiring.Component):
         no one flip-flop drives a reset to the whole controller (on the FPGA the store
         unit's requantization state, placed by the requantizers' lanes, was at the end of
         a route of 17 ns from the one copy).
+    bus_timeout : In(1)
+        The bus watchdog expired (:class:`hw.watchdog.BusWatchdog`): the run ends with
+        ``BUS_TIMEOUT`` (:class:`~.issue.IssueStage`).
     reader : Out(ReaderSignature), writer : Out(WriterSignature)
         To the DMA.
     spad : In(ScratchpadSignature), acc : In(AccumulatorSignature)
@@ -68,6 +71,7 @@ class Controller(wiring.Component):
             "host":               Out(HostLinkSignature()),
             "soft_reset_pending": Out(1),
             "soft_reset":         In(1),
+            "bus_timeout":        In(1),
             "reader":             Out(ReaderSignature(8 * read_row_bytes)),
             "writer":             Out(WriterSignature(8 * config.acc_row_bytes)),
             "spad":               In(ScratchpadSignature(config.spad_depth,
@@ -100,7 +104,8 @@ class Controller(wiring.Component):
         store_unit = block("store_unit", StoreUnit(config))
 
         wiring.connect(m, wiring.flipped(self.host), issue.host)
-        m.d.comb += self.soft_reset_pending.eq(issue.soft_reset_pending)
+        m.d.comb += [self.soft_reset_pending.eq(issue.soft_reset_pending),
+                     issue.bus_timeout.eq(self.bus_timeout)]
 
         wiring.connect(m, issue.fetch, fetcher.control)
         wiring.connect(m, wiring.flipped(self.reader), fetcher.reader)

@@ -37,6 +37,9 @@ class ErrorArbiter(wiring.Component):
         ``first`` becomes the pending error at the next edge: keep its source.
     first : Out(Fault)
         The earliest of them (``valid`` if any is).
+    store_newer : Out(1)
+        Of the load unit's and the store unit's instructions, the store unit's was issued
+        last (for the issue stage's bus timeout).
     """
     def __init__(self):
         super().__init__({
@@ -46,12 +49,13 @@ class ErrorArbiter(wiring.Component):
             "store_issued": In(1),
             "record":       In(1),
             "first":        Out(Fault),
+            "store_newer":  Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         candidates = [self.pending] + [self.faults[k] for k in range(len(FAULT_SOURCES))]
-        store_newer = Signal()
+        store_newer = self.store_newer
         with m.If(self.store_issued | self.load_issued):
             m.d.sync += store_newer.eq(self.store_issued)
         m.d.sync += Assert(~(self.store_issued & self.load_issued),

@@ -41,6 +41,13 @@ class IssueStage(wiring.Component):
     ``soft_reset_pending``, which stops the units from starting bus transactions; the NPU
     resets its core once the DMA is idle (:mod:`hw.top`).
 
+    A bus timeout (``bus_timeout``, the watchdog's, :class:`hw.watchdog.BusWatchdog`) ends
+    the run at once, whatever is pending: ``BUS_TIMEOUT`` at the oldest instruction waiting
+    on the bus (the load unit's or the store unit's, the older of the two if both are busy,
+    else the one at ``pc``, which waits for its fetch or, as ``END``, for the reader). The
+    units are left as they are, waiting for the slave; until the core reset clears
+    ``bus_timeout`` every start ends at once with ``BUS_TIMEOUT`` at 0.
+
     Attributes
     ----------
     host : Out(HostLinkSignature())
@@ -52,6 +59,8 @@ class IssueStage(wiring.Component):
         ahead, between it and what each unit's ranges will be, into registers.
     load, weights, stream, store : Out(UnitSignature(...))
         The links to the load unit, weight loader, streamer and store unit.
+    bus_timeout : In(1)
+        The bus watchdog expired (high until the core reset).
     """
     def __init__(self, config):
         self.config = config
@@ -65,11 +74,13 @@ class IssueStage(wiring.Component):
             "weights":            Out(UnitSignature(WeightStatus)),
             "stream":             Out(UnitSignature(StreamStatus)),
             "store":              Out(UnitSignature(StoreStatus, fault=True, halt=True)),
+            "bus_timeout":        In(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         host = self.host
+        m.d.sync += host.ended.eq(0)     # set below, in the cycle done or error is set
         # The counters (288 flip-flops) are cleared in the cycle after a reset, by a flip-flop
         # the reset sets (``core_reset_counters``): the stage's reset reached them all, over
         # the die. Nothing counts in that cycle (``running`` is low); a start in it sets them.
@@ -311,7 +322,7 @@ class IssueStage(wiring.Component):
             m.d.comb += counting.instructions.eq(1)
             with m.If(kind.end):
                 m.d.comb += running_next.eq(0)
-                m.d.sync += host.done.eq(1)
+                m.d.sync += [host.done.eq(1), host.ended.eq(1)]
         with m.If(advance):
             m.d.sync += [host.pc.eq(host.pc + 1), at_prog_last.eq(host.pc == prog_len_minus_two)]
             m.d.comb += at_prog_end_next.eq(at_prog_last)
@@ -373,7 +384,20 @@ class IssueStage(wiring.Component):
         with m.If(running & stopping & all_idle):
             m.d.comb += [running_next.eq(0), stopping_next.eq(0)]
             m.d.sync += [host.error.eq(1), host.error_code.eq(stop_code),
-                         host.error_pc.eq(stop_pc)]
+                         host.error_pc.eq(stop_pc), host.ended.eq(1)]
+
+        # ------------------------------------------------------------ bus timeout
+        # The slave stopped answering: no unit waiting on it can finish, so the run ends now
+        # (over any end above) at the oldest instruction waiting on the bus.
+        timed_out = running & self.bus_timeout
+        load_older = ~store.busy | ~errors.store_newer
+        timeout_pc = Mux(load.busy & load_older, self.load.fault.pc,
+                         Mux(store.busy, self.store.fault.pc, host.pc))
+        with m.If(timed_out):
+            m.d.comb += [running_next.eq(0), stopping_next.eq(0)]
+            m.d.sync += [host.done.eq(0), host.error.eq(1),
+                         host.error_code.eq(ErrorCode.BUS_TIMEOUT),
+                         host.error_pc.eq(timeout_pc), host.ended.eq(1)]
 
         # ------------------------------------------------------------ start
         # ``begin`` (not running, a start) from a flip-flop, the fetcher's from a copy by it:
@@ -382,7 +406,7 @@ class IssueStage(wiring.Component):
         # seen in the next cycle, no soft reset pending then, and not running then (not now,
         # or this cycle's END or stop ends the run: no start follows a start within four
         # cycles, HostLinkSignature).
-        running_after = running & ~(issue & kind.end) & ~(stopping & all_idle)
+        running_after = running & ~(issue & kind.end) & ~(stopping & all_idle) & ~timed_out
         m.d.comb += begin_next.eq(host.start & ~halting & ~host.soft_reset & ~running_after)
         m.d.sync += begin.eq(begin_next)
         m.d.sync += Assert(begin == (~running & start), "issue stage: begin out of step")
@@ -392,9 +416,14 @@ class IssueStage(wiring.Component):
                 host.error_pc.eq(0), host.pc.eq(0), cycles.eq(1), perf.eq(0),
                 prog_len_minus_two.eq(prog_len_seen - 2), at_prog_last.eq(prog_len_seen == 1),
             ]
-            m.d.comb += [at_prog_end_next.eq(prog_len_seen == 0), stopping_next.eq(0)]
-            with m.If(program_bad):
-                m.d.sync += [host.error.eq(1), host.error_code.eq(ErrorCode.PROGRAM)]
+            m.d.comb += [at_prog_end_next.eq(prog_len_seen == 0), stopping_next.eq(0),
+                         host.started.eq(1)]
+            with m.If(self.bus_timeout):
+                m.d.sync += [host.error.eq(1), host.error_code.eq(ErrorCode.BUS_TIMEOUT),
+                             host.ended.eq(1)]
+            with m.Elif(program_bad):
+                m.d.sync += [host.error.eq(1), host.error_code.eq(ErrorCode.PROGRAM),
+                             host.ended.eq(1)]
             with m.Else():
                 m.d.comb += running_next.eq(1)
         return m

@@ -42,7 +42,10 @@ def HostLinkSignature():
     the registers as the host wrote them, unchanged since at least the cycle before a
     ``start`` (the host's writes end three before); the controller latches them a cycle after
     ``start``. ``busy`` is high from the cycle after
-    ``start`` to done or error, and while a soft reset is pending.
+    ``start`` to done or error, and while a soft reset is pending. ``started`` pulses in
+    the cycle a start begins a run (the cycle after ``start``; also a run that fails at once
+    with ``PROGRAM``), ``ended`` in the first cycle of ``done`` or ``error``: the host's
+    pending interrupts (``Reg.IRQ_PENDING``) are cleared by the one and set by the other.
     """
     return wiring.Signature({
         "start":      In(1),
@@ -50,6 +53,8 @@ def HostLinkSignature():
         "prog_addr":  In(32),
         "prog_len":   In(32),
         "busy":       Out(1),
+        "started":    Out(1),
+        "ended":      Out(1),
         "done":       Out(1),
         "error":      Out(1),
         "error_code": Out(8),
