@@ -110,6 +110,14 @@ class AXI4MemoryModel:
     ----------
     hold_reads : bool
         While true, no R beat is offered (addresses are still accepted).
+    hold_responses : bool
+        While true, no write response is offered (bursts are still accepted).
+    silent_reads, silent_writes : list of ``(start, end)``
+        A slave that does not answer (for the bus watchdog): an AR (``silent_reads``) or AW
+        (``silent_writes``) whose address lies in ``[start, end)`` never gets its ``ready``,
+        and the master is not held to keep it ``valid`` (it may abandon it). With
+        ``hold_reads``, :meth:`forget` and these, a test makes every way a slave can stop
+        answering.
     """
     #: The ways ``misframed_reads`` breaks a burst.
     MISFRAMINGS = ("short", "long", "no_rlast")
@@ -132,6 +140,10 @@ class AXI4MemoryModel:
         self.misframed_reads = list(misframed_reads)
         self.read_latency = read_latency
         self.hold_reads = False
+        self.hold_responses = False
+        self.silent_reads = []
+        self.silent_writes = []
+        self._forget = False
         self.memory = {}
         #: Every byte the DUT wrote, address -> last value.
         self.written = {}
@@ -166,6 +178,12 @@ class AXI4MemoryModel:
         """No burst is waiting for data or a response."""
         return not self._ar and not self._aw and not self._b and not self._spurious_b
 
+    def forget(self):
+        """Drop every burst accepted and not finished, and any ``valid`` the master held
+        without a handshake (as an interconnect reset does): after the NPU abandoned its
+        transactions on a bus timeout and soft-reset. Takes effect at the next edge."""
+        self._forget = True
+
     def send_spurious_write_response(self):
         """Send an OKAY write response that no write burst asked for (a protocol violation),
         as soon as the B channel is free."""
@@ -176,6 +194,11 @@ class AXI4MemoryModel:
             if start < hi and lo < start + length:
                 return resp
         return default
+
+    @staticmethod
+    def _silent(ranges, addr):
+        """Whether ``addr`` lies in one of ``ranges``."""
+        return any(lo <= addr < hi for lo, hi in ranges)
 
     def _chance(self):
         return self.rng.random() < self.ready_probability
@@ -205,8 +228,24 @@ class AXI4MemoryModel:
         b_resp = None       # resp offered on B until taken
         b_spurious = False  # whether that response is one no burst asked for
         held_ar = held_aw = held_w = None   # payloads that were valid but not yet accepted
+        waiting_ar = waiting_aw = None      # the same, silent addresses too
         while True:
+            if self._forget:
+                self._forget = False
+                self._ar.clear()
+                self._aw.clear()
+                self._b.clear()
+                r_beat = b_resp = held_ar = held_aw = held_w = waiting_ar = waiting_aw = None
             arready, awready, wready = self._chance(), self._chance(), self._chance()
+            # With silent ranges, an address is answered only from the cycle after it is
+            # first seen offered at an edge (this process does not see the master's valid of
+            # this cycle before it decides ``ready``).
+            if self.silent_reads:
+                arready = arready and waiting_ar is not None and \
+                    not self._silent(self.silent_reads, waiting_ar[0])
+            if self.silent_writes:
+                awready = awready and waiting_aw is not None and \
+                    not self._silent(self.silent_writes, waiting_aw[0])
             if (r_beat is None and not self.hold_reads and self._ar and self._ar[0][3] <= cycle
                     and self._chance()):
                 addr, _, beat, _, _, rlast_beat = self._ar[0]
@@ -216,7 +255,8 @@ class AXI4MemoryModel:
                 r_beat = (data, resp, beat == rlast_beat)
             if b_resp is None and self._spurious_b:
                 b_resp, b_spurious = Resp.OKAY, True
-            elif b_resp is None and self._b and self._b[0][1] <= cycle and self._chance():
+            elif (b_resp is None and not self.hold_responses and self._b
+                  and self._b[0][1] <= cycle and self._chance()):
                 b_resp, b_spurious = self._b[0][0], False
             ctx.set(bus.arready, arready)
             ctx.set(bus.awready, awready)
@@ -280,14 +320,20 @@ class AXI4MemoryModel:
                     rlast_beat = None
                 self._ar.append([araddr, beats, 0, cycle + self.read_latency + self._latency(),
                                  sent, rlast_beat])
-            held_ar = ar_now if arvalid and not arready else None
+            # A slave that does not answer does not hold the master to its valid: the master
+            # may abandon it (a soft reset after its bus watchdog expired).
+            waiting_ar = ar_now if arvalid and not arready else None
+            held_ar = None if waiting_ar and self._silent(self.silent_reads, araddr) \
+                else waiting_ar
 
             if awvalid and awready:
                 beats = self._check_burst("write", awaddr, awlen, awsize, awburst)
                 self.write_bursts.append((awaddr, beats))
                 resp = self._response(self.write_errors, awaddr, beats * bus_bytes)
                 self._aw.append([awaddr, beats, 0, resp])
-            held_aw = aw_now if awvalid and not awready else None
+            waiting_aw = aw_now if awvalid and not awready else None
+            held_aw = None if waiting_aw and self._silent(self.silent_writes, awaddr) \
+                else waiting_aw
 
             if r_beat is not None and rready:
                 burst = self._ar[0]
