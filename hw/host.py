@@ -131,12 +131,13 @@ class HostInterface(wiring.Component):
         # has started over).
         irq_pending = Signal.like(irq_enable, init=0)
         acknowledged = Mux(write_taken & (taken_addr == Reg.IRQ_PENDING >> 2) & taken_strb[0],
-                           taken_data[:len(irq_pending)], 0)
+                           self._acknowledge(irq_pending, taken_data[:len(irq_pending)]),
+                           irq_pending)
         ending = Mux(ctrl.ended, Cat(ctrl.done, ctrl.error), 0)
-        m.d.sync += irq_pending.eq((irq_pending & ~acknowledged) | ending)
+        m.d.sync += irq_pending.eq(acknowledged | ending)
         with m.If(ctrl.started | soft_reset | self.core_reset):
             m.d.sync += irq_pending.eq(0)
-        m.d.comb += self.irq.eq((irq_pending & irq_enable).any())
+        m.d.comb += self.irq.eq(self._irq(irq_pending, irq_enable))
         assert Irq.DONE == 1 << 0 and Irq.ERROR == 1 << 1   # the order of Cat above
 
         # Reads: one at a time, the address registered, then the data in two steps: each
@@ -211,3 +212,12 @@ class HostInterface(wiring.Component):
                         m.d.sync += read_data.eq(word)
 
         return m
+
+    # Hooks (tests break them in mutants).
+    def _acknowledge(self, pending, written):
+        """``IRQ_PENDING`` after a write of ``written``: the bits written with 1 cleared."""
+        return pending & ~written
+
+    def _irq(self, pending, enable):
+        """The interrupt line: a pending bit that is enabled."""
+        return (pending & enable).any()

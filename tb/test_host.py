@@ -1,10 +1,13 @@
 """Unit tests of :class:`hw.host.HostInterface`: the AXI4-Lite register file."""
 
+import pytest
+
 from hw.axi import Resp
 from hw.config import NPUConfig
 from hw.host import HostInterface
-from hw.isa import MAGIC, VERSION, Control, Reg
-from sim.amaranth_sim import axil_read, axil_write, run_simulation
+from hw.isa import (MAGIC, VERSION, WATCHDOG_RESET, Control, ErrorCode, Irq, Opcode, Reg,
+                    Status, encode)
+from sim.amaranth_sim import AXI4MemoryModel, axil_read, axil_write, run_simulation
 
 
 CONFIG = NPUConfig(rows=3, cols=5, spad_depth=48, acc_depth=24, bus_width=128)
@@ -175,3 +178,141 @@ def test_read_data_three_cycles_after_the_address():
         assert (waited, rdata) == (3, MAGIC), (waited, hex(rdata))
 
     run_simulation(dut, testbench)
+
+
+# ---------------------------------------------------------------------- interrupts
+class AcknowledgeOnZero(HostInterface):
+    """Mutant: a write of ``IRQ_PENDING`` clears the bits written with 0."""
+    def _acknowledge(self, pending, written):
+        return pending & written
+
+
+class IrqIgnoresEnable(HostInterface):
+    """Mutant: ``irq`` is any pending bit, enabled or not."""
+    def _irq(self, pending, enable):
+        return pending.any()
+
+
+def check_interrupt_registers(host_class=HostInterface):
+    """``irq`` is ``IRQ_PENDING & IRQ_ENABLE``: an end sets its bit (done or error), a masked
+    one still shows as pending, a write clears only the bits written with 1, and a run's
+    start, a soft reset and the core reset clear them all."""
+    dut = host_class(CONFIG)
+
+    async def end(ctx, done, error):
+        ctx.set(dut.ctrl.done, done)
+        ctx.set(dut.ctrl.error, error)
+        ctx.set(dut.ctrl.ended, 1)
+        await ctx.tick()
+        ctx.set(dut.ctrl.ended, 0)
+
+    async def pulse(ctx, port):
+        ctx.set(port, 1)
+        await ctx.tick()
+        ctx.set(port, 0)
+
+    async def testbench(ctx):
+        bus = dut.bus
+        assert await axil_read(ctx, bus, Reg.IRQ_ENABLE) == Irq.ALL
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == 0
+        assert ctx.get(dut.irq) == 0
+        ctx.set(dut.ctrl.done, 1)           # done alone does not interrupt: its end does
+        await ctx.tick()
+        assert ctx.get(dut.irq) == 0
+        await end(ctx, 1, 0)
+        assert ctx.get(dut.irq) == 1        # in the cycle after the end
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.DONE
+        await axil_write(ctx, bus, Reg.IRQ_ENABLE, 0)
+        assert ctx.get(dut.irq) == 0
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.DONE   # masked, pending
+        await axil_write(ctx, bus, Reg.IRQ_ENABLE, 0xFFFF_FFF0 | Irq.ERROR)
+        assert await axil_read(ctx, bus, Reg.IRQ_ENABLE) == Irq.ERROR   # two bits only
+        assert ctx.get(dut.irq) == 0
+        await end(ctx, 0, 1)
+        assert ctx.get(dut.irq) == 1
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.ALL
+        await axil_write(ctx, bus, Reg.IRQ_PENDING, Irq.ERROR)           # acknowledge
+        assert ctx.get(dut.irq) == 0
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.DONE
+        await axil_write(ctx, bus, Reg.IRQ_PENDING, 0)
+        await axil_write(ctx, bus, Reg.IRQ_PENDING, Irq.ERROR, strobe=0b1110)
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.DONE
+        await axil_write(ctx, bus, Reg.IRQ_ENABLE, Irq.ALL)
+        assert ctx.get(dut.irq) == 1
+        await pulse(ctx, dut.ctrl.started)
+        assert (ctx.get(dut.irq), await axil_read(ctx, bus, Reg.IRQ_PENDING)) == (0, 0)
+        await end(ctx, 0, 1)
+        await axil_write(ctx, bus, Reg.CONTROL, Control.SOFT_RESET)
+        assert (ctx.get(dut.irq), await axil_read(ctx, bus, Reg.IRQ_PENDING)) == (0, 0)
+        await end(ctx, 1, 0)
+        await pulse(ctx, dut.core_reset)
+        assert (ctx.get(dut.irq), await axil_read(ctx, bus, Reg.IRQ_PENDING)) == (0, 0)
+        # An end in the cycle of a start belongs to the run before: the start wins.
+        ctx.set(dut.ctrl.started, 1)
+        await end(ctx, 1, 0)
+        ctx.set(dut.ctrl.started, 0)
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == 0
+        # The watchdog's limit: its reset value, written and read back.
+        assert await axil_read(ctx, bus, Reg.WATCHDOG) == WATCHDOG_RESET
+        await axil_write(ctx, bus, Reg.WATCHDOG, 0x8000_0001)
+        assert await axil_read(ctx, bus, Reg.WATCHDOG) == 0x8000_0001
+        assert ctx.get(dut.watchdog_limit) == 0x8000_0001
+
+    run_simulation(dut, testbench)
+
+
+def test_interrupt_registers():
+    check_interrupt_registers()
+
+
+@pytest.mark.parametrize("mutant", [AcknowledgeOnZero, IrqIgnoresEnable],
+                         ids=lambda mutant: mutant.__name__)
+def test_interrupt_test_catches_a_mutant(mutant):
+    with pytest.raises(AssertionError):
+        check_interrupt_registers(mutant)
+
+
+def test_interrupts_of_the_npu():
+    """In the NPU: an END's interrupt is acknowledged without touching STATUS; a masked
+    error still shows as pending, and raises irq once enabled; a start clears it."""
+    from hw.top import NPU
+
+    config = NPUConfig(rows=2, cols=2, spad_depth=16, acc_depth=8, bus_width=64)
+    dut = NPU(config)
+    model = AXI4MemoryModel(dut.m_axi, data_width=64, seed=5)
+    model.load(0x100, encode(Opcode.END).to_bytes(16, "little"))
+
+    async def wait(ctx, cycles=200):
+        for _ in range(cycles):
+            await ctx.tick()
+
+    async def testbench(ctx):
+        bus = dut.s_axil
+        await axil_write(ctx, bus, Reg.PROG_ADDR, 0x100)
+        await axil_write(ctx, bus, Reg.PROG_LEN, 1)
+        await axil_write(ctx, bus, Reg.CONTROL, Control.START)
+        await wait(ctx)
+        assert ctx.get(dut.irq) == 1
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.DONE
+        await axil_write(ctx, bus, Reg.IRQ_PENDING, Irq.ALL)
+        assert ctx.get(dut.irq) == 0
+        assert await axil_read(ctx, bus, Reg.STATUS) == Status.DONE
+        await axil_write(ctx, bus, Reg.IRQ_ENABLE, Irq.DONE)
+        await axil_write(ctx, bus, Reg.PROG_LEN, 0)                 # PROGRAM error at start
+        await axil_write(ctx, bus, Reg.CONTROL, Control.START)
+        await wait(ctx, 10)
+        assert ctx.get(dut.irq) == 0
+        assert await axil_read(ctx, bus, Reg.STATUS) == \
+            Status.ERROR | ErrorCode.PROGRAM.value << Status.CODE_SHIFT
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.ERROR
+        await axil_write(ctx, bus, Reg.IRQ_ENABLE, Irq.ALL)
+        assert ctx.get(dut.irq) == 1
+        await axil_write(ctx, bus, Reg.PROG_LEN, 1)
+        await axil_write(ctx, bus, Reg.CONTROL, Control.START)      # clears it at once
+        assert ctx.get(dut.irq) == 0
+        assert await axil_read(ctx, bus, Reg.STATUS) & Status.BUSY
+        await wait(ctx)
+        assert await axil_read(ctx, bus, Reg.IRQ_PENDING) == Irq.DONE
+        assert ctx.get(dut.irq) == 1
+
+    run_simulation(dut, testbench, processes=[model.process])
