@@ -36,6 +36,10 @@ class RunResult:
     perf : dict or None
         The hardware's performance counters (:data:`hw.isa.PERF_COUNTERS`, read from the
         ``PERF_*`` registers); ``None`` from the model.
+    link : dict or None
+        On the SoC backends (``board``, ``soc``: :mod:`sw.board`), the bytes the run moved over
+        the host link and the time it took (:meth:`sw.board.LinkStats.as_dict`); ``None``
+        elsewhere.
     """
     done: bool
     error_code: ErrorCode
@@ -44,3 +48,4 @@ class RunResult:
     instructions: int
     dram: np.ndarray
     perf: "dict | None" = None
+    link: "dict | None" = None

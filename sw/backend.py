@@ -1,7 +1,9 @@
 """One entry point that runs a program on any of the NPU's execution backends.
 
 ``model`` is the instruction-level simulator in :mod:`sw.model`; ``verilator`` and ``icarus``
-run the generated Verilog through cocotb (``sim.runner``). All of them take the same inputs and
+run the generated Verilog through cocotb (``sim.runner``); ``soc`` runs it in the whole LiteX
+SoC under Verilator (SDRAM through LiteDRAM, the host through the UART bridge) and ``board``
+on a board with that SoC (:mod:`sw.board`; its port from ``NPU_BOARD``, the CLI's ``--port``). All of them take the same inputs and
 return the same :class:`~sim.result.RunResult`, so the driver and the tests cannot tell them
 apart except by speed and by the cycle count.
 
@@ -19,7 +21,7 @@ __all__ = ["RunResult", "SIMULATORS", "PERF_COUNTERS", "run_program", "run_progr
 
 
 #: Backend names accepted by :func:`run_program`.
-SIMULATORS = ("verilator", "icarus", "model")
+SIMULATORS = ("verilator", "icarus", "model", "soc", "board")
 
 
 def _import_rtl_runner():
@@ -89,4 +91,10 @@ def run_programs(config, sim, programs):
                 for dram, prog_addr, prog_len in programs]
     if sim in ("verilator", "icarus"):
         return _run_rtl(config, sim, programs)
+    if sim == "soc":
+        from .board import run_on_simulated_soc
+        return run_on_simulated_soc(config, programs)
+    if sim == "board":
+        from .board import run_on_board
+        return run_on_board(config, programs)
     raise NPUValueError(f"sim must be one of {', '.join(SIMULATORS)}, not {sim!r}")

@@ -8,7 +8,7 @@ also swallowing genuine bugs. Each class is also a subclass of the matching buil
 
 __all__ = [
     "NPUError", "NPUTypeError", "NPUValueError", "PlanError", "NPURunError",
-    "BackendUnavailable",
+    "BackendUnavailable", "LinkError",
 ]
 
 
@@ -57,3 +57,8 @@ class NPURunError(NPUError, RuntimeError):
 
 class BackendUnavailable(NPUError, RuntimeError):
     """A simulator backend (or another optional part such as ``hw.top``) is not installed."""
+
+
+class LinkError(NPUError, RuntimeError):
+    """The link to a board (or to the simulated SoC) failed: nothing answers, what answers is
+    not the NPU, or a byte was corrupted on the way (:mod:`sw.board`)."""

@@ -1,5 +1,5 @@
 """Who may import whom: ``hw`` imports no other part of the project, ``sim`` imports only
-``hw``, and no production module imports a test module. Every import counts, those inside
+``hw``, ``soc`` (the LiteX SoC) ``hw`` and ``sim``, and no production module imports a test module. Every import counts, those inside
 functions too."""
 
 import ast
@@ -9,11 +9,11 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCTION = ("hw", "sw", "sim", "fpga", "formal")
+PRODUCTION = ("hw", "sw", "sim", "soc", "fpga", "formal")
 TEST_MODULES = {"tb"} | {path.stem for path in (ROOT / "tb").glob("*.py")}
 #: The project packages each production package may import, besides itself.
-ALLOWED = {"hw": set(), "sim": {"hw"}, "sw": {"hw", "sim"}, "fpga": {"hw", "sim", "sw"},
-           "formal": {"hw", "sim", "sw"}}
+ALLOWED = {"hw": set(), "sim": {"hw"}, "soc": {"hw", "sim"}, "sw": {"hw", "sim", "soc"},
+           "fpga": {"hw", "sim", "sw", "soc"}, "formal": {"hw", "sim", "sw"}}
 
 
 def imported_modules(path):
