@@ -17,10 +17,14 @@ manager and what the NPU's DMA promises beyond it, and the slave model's answers
   address first), ``wlast`` exactly on the last beat;
 * R beats only for an accepted AR and ``rlast`` on its last beat; B only after a burst's
   last W beat;
-* while ``irq`` is high (a program has ended) nothing is outstanding and no ``valid`` is up.
+* while ``irq`` is high (a program has ended) nothing is outstanding and no ``valid`` is up,
+  unless the NPU's bus watchdog expired (``bus_timeout``): then the program ended because the
+  slave did not answer, with its transactions outstanding by definition. When ``bus_timeout``
+  falls (the soft reset after it) the NPU abandons them: the checker forgets its outstanding
+  bursts and lets the ``valid`` s held without a handshake drop in that cycle.
 """
 
-from amaranth.hdl import Cat, Module, Signal, Value
+from amaranth.hdl import Cat, Module, ResetInserter, Signal, Value
 from amaranth.lib import enum, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -104,6 +108,9 @@ class AXI4Checker(wiring.Component):
     bus : In(every AXI4 signal)
         The interface, observed only.
     irq : In(1)
+    bus_timeout : In(1)
+        The NPU's bus watchdog expired (:attr:`hw.top.NPU.watchdog`): ``BUSY_AT_IRQ`` does
+        not apply; when it falls, what is outstanding is forgotten (see the module's text).
     disable : In(32)
         A mask of rules not to report, bit ``Rule.X.value`` for rule ``X`` (registered: it
         takes effect a cycle later). Only for showing that a test catches a checker with a rule
@@ -123,6 +130,7 @@ class AXI4Checker(wiring.Component):
         super().__init__({
             "bus":   In(_monitor_signature(data_width)),
             "irq":   In(1),
+            "bus_timeout": In(1),
             "disable": In(32),
             "error": Out(1),
             "rule":  Out(Rule),
@@ -145,9 +153,16 @@ class AXI4Checker(wiring.Component):
         r_fire = bus.rvalid & bus.rready
         b_fire = bus.bvalid & bus.bready
 
+        # The cycle the watchdog's expiry ends: the NPU abandons its transactions.
+        timed_out = Signal()
+        m.d.sync += timed_out.eq(self.bus_timeout)
+        abandon = timed_out & ~self.bus_timeout
+
         # Bursts accepted and not finished, in order: len in bits 0..7, address above.
-        m.submodules.reads = reads = fifo.SyncFIFO(width=40, depth=self.depth)
-        m.submodules.writes = writes = fifo.SyncFIFO(width=40, depth=self.depth)
+        reads = fifo.SyncFIFO(width=40, depth=self.depth)
+        writes = fifo.SyncFIFO(width=40, depth=self.depth)
+        m.submodules.reads = ResetInserter(abandon)(reads)
+        m.submodules.writes = ResetInserter(abandon)(writes)
         r_beat = Signal(8)
         w_beat = Signal(8)
         responses_due = Signal(16)      # bursts whose last W beat went, awaiting their B
@@ -177,6 +192,8 @@ class AXI4Checker(wiring.Component):
             m.d.sync += responses_due.eq(responses_due + 1)
         with m.Elif(b_fire & ~completed & (responses_due != 0)):
             m.d.sync += responses_due.eq(responses_due - 1)
+        with m.If(abandon):
+            m.d.sync += [r_beat.eq(0), w_beat.eq(0), responses_due.eq(0)]
 
         # The payload a stalled channel offered at the previous edge.
         def held(channel, valid, ready, names):
@@ -185,7 +202,7 @@ class AXI4Checker(wiring.Component):
                              name=f"{channel}_held")
             now = Cat(*(getattr(bus, name) for name in names))
             m.d.sync += [stalled.eq(valid & ~ready), payload.eq(now)]
-            return stalled & (~valid | (now != payload))
+            return stalled & ~abandon & (~valid | (now != payload))
 
         def burst_rules(prefix, addr, length, burst_size, burst_type):
             beats = length + 1
@@ -216,7 +233,7 @@ class AXI4Checker(wiring.Component):
             (r_fire & ~reads.r_rdy, "R_UNEXPECTED", 0),
             (r_fire & reads.r_rdy & (bus.rlast != r_last_due), "RLAST_WRONG", read_addr),
             (b_fire & (responses_due == 0), "B_UNEXPECTED", 0),
-            (self.irq & ~idle, "BUSY_AT_IRQ", 0),
+            (self.irq & ~idle & ~self.bus_timeout, "BUSY_AT_IRQ", 0),
             ((ar_fire & ~reads.w_rdy) | (aw_fire & ~writes.w_rdy) |
              (completed & (responses_due == 0xFFFF)), "CHECKER_OVERFLOW", 0),
         ]

@@ -140,6 +140,7 @@ class NPUBench(wiring.Component):
         m.d.comb += [
             self.irq.eq(npu.irq),
             checker.irq.eq(npu.irq),
+            checker.bus_timeout.eq(npu.watchdog.expired),
             checker.disable.eq(self.axi_check_disable),
             self.axi_check_error.eq(checker.error),
             self.axi_check_rule.eq(checker.rule),

@@ -58,6 +58,7 @@ def run_trace(trace, width=WIDTH):
             for name in names:
                 ctx.set(getattr(dut.bus, name), values.get(name, 0))
             ctx.set(dut.irq, values.get("irq", 0))
+            ctx.set(dut.bus_timeout, values.get("bus_timeout", 0))
             await ctx.tick()
         for name in names:
             ctx.set(getattr(dut.bus, name), 0)
@@ -128,6 +129,41 @@ def test_violation_is_reported(name, trace, rule, addr, cycle):
     error, got_rule, got_addr, got_cycle = run_trace(trace)
     assert error == 1, f"{name}: no violation reported"
     assert (got_rule, got_addr, got_cycle) == (rule, addr, cycle), name
+
+
+TIMED_OUT = {"bus_timeout": 1}
+
+# After the bus watchdog expired, irq comes with the transactions outstanding; when it falls
+# (the soft reset), the NPU abandons them: a valid held drops, the slave forgets its bursts.
+TIMEOUT_TRACES = [
+    ("read_outstanding", [ar(0x1000, 0), TIMED_OUT, merge(TIMED_OUT, {"irq": 1}),
+                          merge(TIMED_OUT, {"irq": 1})]),
+    ("valid_held", [ar(0x1000, 0, ready=0), merge(ar(0x1000, 0, ready=0), TIMED_OUT),
+                    merge(ar(0x1000, 0, ready=0), TIMED_OUT, {"irq": 1}),
+                    {}, ar(0x1008, 0), r(1)]),                 # dropped, forgotten
+    ("abandoned", [aw(0x2000, 1), w(1, 0, ready=0), merge(w(1, 0, ready=0), TIMED_OUT),
+                   merge(w(1, 0, ready=0), TIMED_OUT, {"irq": 1}),
+                   {},                                         # the soft reset drops wvalid
+                   ar(0x1000, 0), r(1), aw(0x3000, 0), w(2, 1), b(), {"irq": 1}]),
+]
+
+
+@pytest.mark.parametrize("name, trace", TIMEOUT_TRACES, ids=[t[0] for t in TIMEOUT_TRACES])
+def test_bus_timeout_excuses_what_it_abandons(name, trace):
+    assert run_trace(trace)[:2] == (0, Rule.NONE), name
+
+
+def test_busy_at_irq_still_fires_without_the_timeout():
+    """Only the watchdog's expiry excuses irq with something outstanding: the same trace
+    without it, and after its expiry was forgotten, is reported."""
+    error, rule, _, cycle = run_trace([ar(0x1000, 0), {}, {"irq": 1}])
+    assert (error, rule, cycle) == (1, Rule.BUSY_AT_IRQ, 2)
+    error, rule, _, cycle = run_trace([TIMED_OUT, {}, ar(0x1000, 0), {"irq": 1}])
+    assert (error, rule, cycle) == (1, Rule.BUSY_AT_IRQ, 3)
+    # A valid dropped without a handshake while the watchdog has not expired (nor just
+    # ended its expiry) is still unstable.
+    error, rule, _, cycle = run_trace([TIMED_OUT, {}, ar(0x1000, 0, ready=0), {}])
+    assert (error, rule, cycle) == (1, Rule.AR_UNSTABLE, 3)
 
 
 def test_first_violation_is_kept():
