@@ -6,10 +6,33 @@ also swallowing genuine bugs. Each class is also a subclass of the matching buil
 (``TypeError``, ``ValueError``, ``RuntimeError``), so ``except ValueError`` keeps working.
 """
 
+from types import MappingProxyType
+
+from hw.isa import ErrorCode
+
+
 __all__ = [
     "NPUError", "NPUTypeError", "NPUValueError", "PlanError", "NPURunError",
-    "BackendUnavailable", "LinkError",
+    "BackendUnavailable", "LinkError", "ERROR_TEXT",
 ]
+
+
+#: What each :class:`hw.isa.ErrorCode` means, for messages (docs/architecture.md's table).
+ERROR_TEXT = MappingProxyType({
+    ErrorCode.NONE:           "no error",
+    ErrorCode.ILLEGAL_OPCODE: "an illegal opcode",
+    ErrorCode.SPAD_RANGE:     "a scratchpad row out of range",
+    ErrorCode.ACC_RANGE:      "an accumulator row out of range",
+    ErrorCode.BAD_LENGTH:     "zero rows or bytes, or more bytes than a row holds",
+    ErrorCode.BUS_READ:       "a read answered SLVERR or DECERR",
+    ErrorCode.BUS_WRITE:      "a write answered SLVERR or DECERR",
+    ErrorCode.PROGRAM:        "a bad program address or length, or no END within it",
+    ErrorCode.DRAM_RANGE:     "a DRAM block past the top of the address space",
+    ErrorCode.QUANT:          "bad requantization parameters",
+    ErrorCode.START_BUSY:     "a start while a program ran",
+    ErrorCode.BUS_TIMEOUT:    "the bus did not answer within the watchdog's limit; soft-reset "
+                              "the NPU (CONTROL bit 1) before the next start",
+})
 
 
 class NPUError(Exception):
@@ -51,7 +74,7 @@ class NPURunError(NPUError, RuntimeError):
         self.error_pc = error_pc
         if message is None:
             message = (f"the NPU program stopped with error {error_code.name} "
-                       f"at instruction {error_pc}")
+                       f"at instruction {error_pc}: {ERROR_TEXT[error_code]}")
         super().__init__(message)
 
 

@@ -37,6 +37,10 @@ Semantics, in the order the checks are made (the RTL makes the same checks in th
   state of the last ``LOAD_QUANT``; its first ``row_bytes`` INT8 lanes go to
   ``dram_addr + r * dram_stride`` (later rows win on overlap).
 
+The model's DRAM always answers, so it never ends in ``BUS_TIMEOUT`` (the RTL's bus watchdog,
+which ends a run whose slave stops answering: docs/architecture.md); nor in ``START_BUSY``,
+which only a host's start during a run makes.
+
 A DMA instruction that would touch any byte outside the DRAM fails before it moves anything:
 the model leaves the DRAM untouched by a failing ``STORE``. (The RTL may already have written
 the rows before the failing one; after an error the DRAM bytes in the failing ``STORE``'s range

@@ -180,3 +180,25 @@ def test_perf_counters():
         ("write_bytes", isa.Reg.PERF_WRITE_BYTES)]
     with pytest.raises(TypeError):
         isa.PERF_COUNTERS["cycles"] = isa.Reg.CYCLES_LO
+
+
+def test_watchdog_and_interrupt_registers():
+    """Version 1.4's registers: their offsets, bits and reset values are the interface."""
+    assert isa.VERSION == 0x0001_0400
+    assert isa.ErrorCode.BUS_TIMEOUT.value == 11
+    assert (isa.Reg.IRQ_ENABLE, isa.Reg.IRQ_PENDING, isa.Reg.WATCHDOG) == (0x70, 0x74, 0x78)
+    assert (isa.Irq.DONE, isa.Irq.ERROR, isa.Irq.ALL) == (1, 2, 3)
+    assert isa.WATCHDOG_RESET == 1 << 20
+    # Offsets are distinct and word-aligned within the host's 8-bit address space.
+    offsets = [reg.value for reg in isa.Reg]
+    assert len(set(offsets)) == len(offsets) and all(o % 4 == 0 and o < 256 for o in offsets)
+
+
+def test_every_error_code_has_a_text():
+    from sw.errors import ERROR_TEXT, NPURunError
+
+    assert set(ERROR_TEXT) == set(isa.ErrorCode)
+    error = NPURunError(isa.ErrorCode.BUS_TIMEOUT, 3)
+    assert str(error) == ("the NPU program stopped with error BUS_TIMEOUT at instruction 3: "
+                          "the bus did not answer within the watchdog's limit; soft-reset the "
+                          "NPU (CONTROL bit 1) before the next start")
