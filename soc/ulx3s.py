@@ -13,8 +13,9 @@ them (``build/board/bin``) and the build puts that folder first on ``PATH``.
 
 ``python -m soc.ulx3s --board ulx3s-85f --config 8x8`` writes ``build/board/ulx3s-85f-8x8/``:
 ``gateware/npu_soc.bit`` (the bitstream), ``gateware/build.log`` (what the tools printed),
-``gateware/nextpnr.json`` (nextpnr's report) and ``report.json`` (resources, Fmax of ``sys``,
-critical path, seconds).
+``gateware/nextpnr.json`` (nextpnr's report), ``soc.json`` (what the host's ``board`` backend
+needs: :func:`soc.soc.write_host_description`) and ``report.json`` (resources, Fmax of
+``sys``, critical path, seconds).
 """
 
 import argparse
@@ -245,6 +246,10 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
     builder = Builder(soc, output_dir=str(folder), compile_software=False,
                       csr_csv=str(folder / "csr.csv"))
     builder.build(build_name=BUILD_NAME, run=False, seed=seed)
+    # What the host's board backend reads (sw.board.find_description): the address map and
+    # LiteDRAM's init sequence, which the host runs since the SoC has no CPU.
+    from .soc import write_host_description
+    write_host_description(soc, folder)
     report = {
         "board": board, "device": BOARDS[board], "config": config.name,
         "sys_clk_mhz": sys_clk_freq / 1e6, "seed": seed,

@@ -51,6 +51,15 @@ def test_soc_verilog_holds_npu_and_uart_bridge(sources):
     assert "--report nextpnr.json" in build_script and "--85k" in build_script
 
 
+def test_host_description_beside_the_build(sources):
+    folder, _ = sources
+    description = json.loads((folder / "soc.json").read_text())
+    assert NPUConfig.from_json(description["config"]) == NPUConfig.from_name("2x2")
+    assert description["sys_clk_freq"] == SYS_CLK_FREQ
+    assert set(description["dfii"]) == {"control", "pi0_command", "pi0_command_issue",
+                                         "pi0_address", "pi0_baddress"}
+
+
 def test_pll_makes_the_system_clock(sources):
     _, report = sources
     for sys_clk_freq in (SYS_CLK_FREQ, 40_000_000, 60_000_000):
