@@ -78,6 +78,22 @@ def _locked(path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@contextmanager
+def _quiet(stream):
+    """LiteX's prints and log records go to ``stream`` while the block runs."""
+    import contextlib
+    import logging
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers = [handler]
+    try:
+        with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
+            yield
+    finally:
+        root.handlers = saved
+
+
 def _make_soc(config, folder):
     from litex.build.generic_platform import Pins, Subsignal
     from litex.build.sim import SimPlatform
@@ -136,13 +152,17 @@ def build(config, *, verbose=False):
         from litex.soc.integration.builder import Builder
         from sim.toolchain import setup_verilator
         setup_verilator()
-        soc = _make_soc(config, folder)
-        builder = Builder(soc, output_dir=str(folder), compile_software=False,
-                          csr_csv=str(folder / "csr.csv"))
-        # LiteX's simulation toolchain writes the sources and the build script here; it only
-        # compiles when it also runs, so the script is run below.
-        builder.build(sim_config=_sim_config(1234), run=False, interactive=False,
-                      opt_level="O2")
+        # LiteX reports every step on the terminal: to a log of the build instead.
+        with open(folder / "litex.log", "w") as report, _quiet(report):
+            soc = _make_soc(config, folder)
+            builder = Builder(soc, output_dir=str(folder), compile_software=False,
+                              csr_csv=str(folder / "csr.csv"))
+            # LiteX's simulation toolchain writes the sources and the build script here; it
+            # only compiles when it also runs, so the script is run below.
+            builder.build(sim_config=_sim_config(1234), run=False, interactive=False,
+                          opt_level="O2")
+        from .soc import write_host_description
+        write_host_description(soc, folder)
         log = folder / "build.log"
         with open(log, "w") as output:
             result = subprocess.run(["bash", "build_sim.sh"], cwd=gateware, stdout=output,
@@ -153,6 +173,15 @@ def build(config, *, verbose=False):
                               f"(see {log}):\n" + "\n".join(tail))
         (folder / "build.ok").write_text(config.to_json())
     return gateware
+
+
+def _listening(port):
+    """Whether a TCP socket listens on ``port`` (Linux: ``/proc/net/tcp``, state 0A)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
+            return True
+    return False
 
 
 def _free_port():
@@ -201,23 +230,21 @@ class SimulatedSoC:
         self.process = subprocess.Popen([str(gateware / "obj_dir" / "Vsim")], cwd=run,
                                         stdin=subprocess.DEVNULL, stdout=self._log_file,
                                         stderr=subprocess.STDOUT)
+        # Wait for the port to listen without connecting to it: serial2tcp keeps one session,
+        # and a probing connection closed while the host's is accepted frees the host's.
         deadline = time.monotonic() + START_SECONDS
-        while True:
+        while not _listening(port):
             if self.process.poll() is not None:
                 self._stop()
                 raise SoCSimError(f"the simulated SoC stopped at start (exit "
                                   f"{self.process.returncode}); see {self.log}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    pass
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self._stop()
-                    raise SoCSimError(f"the simulated SoC did not open port {port} within "
-                                      f"{START_SECONDS} s; see {self.log}") from None
-                time.sleep(0.1)
+            if time.monotonic() > deadline:
+                self._stop()
+                raise SoCSimError(f"the simulated SoC did not open port {port} within "
+                                  f"{START_SECONDS} s; see {self.log}")
+            time.sleep(0.05)
         self.url = f"socket://127.0.0.1:{port}"
+        self.description = gateware.parent / "soc.json"
         return self
 
     def _stop(self):
@@ -230,7 +257,11 @@ class SimulatedSoC:
                 self.process.wait()
         self._log_file.close()
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, traceback):
         self._stop()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if exc_type is None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        elif exc is not None and exc.args:
+            # What the simulation printed may say why; its folder stays.
+            exc.args = (f"{exc.args[0]} (the simulated SoC's log: {self.log})",) + exc.args[1:]
         return False

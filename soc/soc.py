@@ -31,7 +31,8 @@ from .memory_map import DRAM_BASE, DRAM_SIZE, NPU_BASE
 from .npu import NPUCore, REGISTER_SPAN
 
 
-__all__ = ["NPUSoC", "NPU_BASE", "DRAM_BASE", "IDENT"]
+__all__ = ["NPUSoC", "NPU_BASE", "DRAM_BASE", "IDENT", "host_description",
+           "write_host_description"]
 
 
 #: The SoC's identifier string (LiteX's ``identifier_mem`` CSR), followed by the NPU's config.
@@ -105,3 +106,62 @@ class NPUSoC(SoCMini):
         self.bus.add_slave(name="npu", slave=registers,
                            region=SoCRegion(origin=NPU_BASE, size=max(REGISTER_SPAN, 0x1000),
                                             cached=False))
+
+
+#: LiteDRAM's DFI flags by the names its init sequences use (``litedram.init.cmds``;
+#: ``litex/soc/software/liblitedram/sdram.h``).
+_DFII_FLAGS = {"DFII_CONTROL_SEL": 0x01, "DFII_CONTROL_CKE": 0x02, "DFII_CONTROL_ODT": 0x04,
+               "DFII_CONTROL_RESET_N": 0x08, "DFII_COMMAND_CS": 0x01, "DFII_COMMAND_WE": 0x02,
+               "DFII_COMMAND_CAS": 0x04, "DFII_COMMAND_RAS": 0x08}
+#: The DFI registers the host needs to initialise the SDRAM (LiteX CSR names).
+_DFII_REGISTERS = ("sdram_dfii_control", "sdram_dfii_pi0_command",
+                   "sdram_dfii_pi0_command_issue", "sdram_dfii_pi0_address",
+                   "sdram_dfii_pi0_baddress")
+
+
+def host_description(soc, csr_csv):
+    """What the host needs to know of a built SoC (a JSON-able dict): the NPU's config and the
+    address map, and how to initialise its SDRAM without a CPU: the DFI registers' addresses
+    (from LiteX's ``csr.csv`` of the build) and LiteDRAM's own init sequence for the chip,
+    which LiteX's BIOS would otherwise run (``sdram_init``)."""
+    from litedram.init import get_sdram_phy_init_sequence
+
+    addresses = {}
+    for line in open(csr_csv):
+        kind, name, address, *_ = line.strip().split(",") + [""] * 3
+        if kind == "csr_register" and name in _DFII_REGISTERS:
+            addresses[name.removeprefix("sdram_dfii_")] = int(address, 0)
+    missing = [name for name in _DFII_REGISTERS if name.removeprefix("sdram_dfii_")
+               not in addresses]
+    if missing:
+        raise ValueError(f"{csr_csv} has no {', '.join(missing)}")
+    settings = soc.sdram.controller.settings
+    sequence, _ = get_sdram_phy_init_sequence(settings.phy, settings.timing)
+    steps = []
+    for comment, address, bank, flags, delay in sequence:
+        value = 0
+        for flag in flags.split("|"):
+            value |= _DFII_FLAGS[flag]
+        kind = "control" if flags.startswith("DFII_CONTROL") else "command"
+        steps.append({"comment": comment, "address": address, "bank": bank, kind: value,
+                      "delay_us": delay})
+    return {
+        "config": soc.npu_config.to_json(), "npu_base": NPU_BASE, "dram_base": DRAM_BASE,
+        "dram_size": soc.dram_size, "sys_clk_freq": soc.sys_clk_freq,
+        "dfii": addresses,
+        "dfii_software": _DFII_FLAGS["DFII_CONTROL_CKE"] | _DFII_FLAGS["DFII_CONTROL_ODT"] |
+        _DFII_FLAGS["DFII_CONTROL_RESET_N"],
+        "dfii_hardware": _DFII_FLAGS["DFII_CONTROL_SEL"],
+        "sdram_init": steps,
+    }
+
+
+def write_host_description(soc, folder):
+    """Write :func:`host_description` of a built SoC to ``folder/soc.json`` (beside LiteX's
+    ``csr.csv``, which the build wrote there); returns the path."""
+    import json
+    from pathlib import Path
+    folder = Path(folder)
+    path = folder / "soc.json"
+    path.write_text(json.dumps(host_description(soc, folder / "csr.csv"), indent=1) + "\n")
+    return path

@@ -20,9 +20,11 @@ difference is a :class:`LinkError`, never a silently wrong result. Both the boar
 simulated SoC use this code; only the URL differs.
 """
 
+import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -37,7 +39,8 @@ from .errors import LinkError, NPUValueError
 
 
 __all__ = ["BAUDRATE", "BoardLink", "BoardNPU", "LinkStats", "relocate", "stored_regions",
-           "run_on_board", "run_on_simulated_soc", "BOARD_ENV"]
+           "run_on_board", "run_on_simulated_soc", "BOARD_ENV", "SOC_ENV", "load_description",
+           "find_description"]
 
 
 #: The UART's baud rate on the ULX3S: its FT231X's highest (3 Mbaud).
@@ -47,6 +50,8 @@ BURST_WORDS = 255
 #: The environment variable that names the board's link for ``sim="board"`` (the CLI's
 #: ``--port`` sets it).
 BOARD_ENV = "NPU_BOARD"
+#: The environment variable that names the SoC's description (``soc.json``, the CLI's ``--soc``).
+SOC_ENV = "NPU_BOARD_SOC"
 #: Seconds without an answer before the link is declared dead.
 ANSWER_SECONDS = 5.0
 #: Seconds a program may run on the board before the run is declared hung (the NPU's own
@@ -195,7 +200,9 @@ class BoardLink:
 
     def write_words(self, addr, words):
         """Write 32-bit ``words`` from byte address ``addr``, each burst read back and
-        compared (a :class:`LinkError` names the first word that differs)."""
+        compared (a :class:`LinkError` names the first word that differs). The read-back
+        also paces the writes: the UART bridge takes no flow control, and in simulation
+        LiteX's ``serial2tcp`` holds 2 KiB (a burst is at most 1,026 bytes)."""
         for offset in range(0, len(words), BURST_WORDS):
             burst = list(words[offset:offset + BURST_WORDS])
             at = addr + 4 * offset
@@ -225,6 +232,14 @@ class BoardLink:
 
     def read_reg(self, reg):
         return self.read_words(NPU_BASE + reg, 1)[0]
+
+    def write_word(self, addr, value, *, verify=True):
+        """Write one word of the SoC's bus (a LiteX CSR or memory), read back unless
+        ``verify`` is false (a strobe such as ``command_issue`` reads 0)."""
+        if verify:
+            self.write_words(addr, [value])
+        else:
+            self._timed(self.client.write, addr, [value])
 
     def write_reg(self, reg, value):
         """Write an NPU register; a read-write one is read back."""
@@ -332,6 +347,24 @@ class BoardNPU:
             raise NPUValueError(f"the board's NPU is {found['config'].key()}, not the "
                                 f"{config.key()} asked for (--config and --bus-width)")
 
+    def init_sdram(self, description):
+        """Initialise the SoC's SDRAM as LiteX's BIOS would (there is no CPU to do it): the
+        DFI in software control, LiteDRAM's init sequence for the chip, then hardware control.
+        ``description`` is the build's ``soc.json`` (:func:`load_description`)."""
+        dfii = description["dfii"]
+        link = self.link
+        link.write_word(dfii["control"], description["dfii_software"])
+        for step in description["sdram_init"]:
+            link.write_word(dfii["pi0_address"], step["address"])
+            link.write_word(dfii["pi0_baddress"], step["bank"])
+            if "control" in step:
+                link.write_word(dfii["control"], step["control"])
+            else:
+                link.write_word(dfii["pi0_command"], step["command"])
+                link.write_word(dfii["pi0_command_issue"], 1, verify=False)
+            time.sleep(step["delay_us"] * 1e-6)
+        link.write_word(dfii["control"], description["dfii_hardware"])
+
     def run(self, image, prog_addr, prog_len):
         """Run one program as :func:`sw.backend.run_program` does; returns a
         :class:`RunResult` whose ``link`` holds this run's link figures."""
@@ -379,21 +412,60 @@ class BoardNPU:
                          link=stats.as_dict())
 
 
-def _run_all(url, config, programs):
+def load_description(path, config=None):
+    """The SoC description (``soc.json``) a build wrote beside its bitstream: the address map
+    and how to initialise the SDRAM; checked against ``config`` when given."""
+    try:
+        description = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise NPUValueError(f"cannot read the SoC description {path}: {error}") from None
+    if config is not None and NPUConfig.from_json(description["config"]) != config:
+        raise NPUValueError(f"{path} describes a SoC with the NPU "
+                            f"{NPUConfig.from_json(description['config']).key()}, not the "
+                            f"{config.key()} asked for")
+    if (description["npu_base"], description["dram_base"]) != (NPU_BASE, DRAM_BASE):
+        raise NPUValueError(f"{path} has another address map than this software's "
+                            f"(soc.memory_map): rebuild the bitstream")
+    return description
+
+
+def find_description(config):
+    """The ``soc.json`` of a board build of ``config`` under ``build/board`` (the only one),
+    for when ``--soc`` does not name one."""
+    root = Path(os.environ.get("NPU_BUILD_DIR", Path(__file__).resolve().parent.parent /
+                                "build")) / "board"
+    found = []
+    for path in sorted(root.glob("*/soc.json")):
+        try:
+            if NPUConfig.from_json(json.loads(path.read_text())["config"]) == config:
+                found.append(path)
+        except (OSError, ValueError, KeyError):
+            continue
+    if len(found) != 1:
+        where = "none" if not found else ", ".join(map(str, found))
+        raise NPUValueError(f"name the SoC's description with --soc (the soc.json written "
+                            f"beside its bitstream); for {config.key()} under {root}: {where}")
+    return found[0]
+
+
+def _run_all(url, config, programs, description):
     with BoardLink(url) as link:
         board = BoardNPU(link)
         board.check(config)
+        board.init_sdram(description)
         return [board.run(dram, prog_addr, prog_len) for dram, prog_addr, prog_len in programs]
 
 
 def run_on_board(config, programs):
     """Run ``(dram, prog_addr, prog_len)`` programs on the board that :data:`BOARD_ENV`
-    names (the CLI's ``--port``)."""
+    names (the CLI's ``--port``), described by :data:`SOC_ENV` (the CLI's ``--soc``) or the
+    one board build of ``config`` (:func:`find_description`)."""
     url = os.environ.get(BOARD_ENV)
     if not url:
         raise NPUValueError(f"sim 'board' needs the board's port: --port /dev/ttyUSB0 (or "
                             f"socket://HOST:PORT, tcp://HOST:PORT), or {BOARD_ENV}=...")
-    return _run_all(url, config, programs)
+    path = os.environ.get(SOC_ENV) or find_description(config)
+    return _run_all(url, config, programs, load_description(path, config))
 
 
 def run_on_simulated_soc(config, programs):
@@ -401,4 +473,4 @@ def run_on_simulated_soc(config, programs):
     for them and stopped after."""
     from soc.simulation import SimulatedSoC
     with SimulatedSoC(config) as soc:
-        return _run_all(soc.url, config, programs)
+        return _run_all(soc.url, config, programs, load_description(soc.description, config))

@@ -13,6 +13,9 @@
     npu bench [--quick] [--out docs/performance.md] [--no-speed]
     npu onnx MODEL.onnx --input X.npy [--out Y.npy] --config 8x8 --sim model [--check] [--json]
     npu onnx MODEL.onnx --plan                        (see sw.onnx.command)
+    npu gemm --m 64 --k 64 --n 64 --config 8x8 --sim board --port /dev/ttyUSB0 [--soc soc.json]
+    npu gemm --m 64 --k 64 --n 64 --config 2x2 --sim soc       (the simulated LiteX SoC)
+    npu board probe --port /dev/ttyUSB0                (the board's NPU and config)
 
 Bad input ends with a one-line ``npu: error: ...`` on stderr and exit status 2; a GEMM that is
 not bit-exact (with the numpy reference: ``reference_gemm`` / ``reference_qgemm``), or a
@@ -29,7 +32,7 @@ import numpy as np
 from hw.config import BUS_WIDTHS, NPUConfig
 from .backend import SIMULATORS
 from .compiler import SCHEDULES
-from .errors import BackendUnavailable, NPUError, NPURunError, NPUValueError
+from .errors import BackendUnavailable, LinkError, NPUError, NPURunError, NPUValueError
 
 
 __all__ = ["main"]
@@ -111,6 +114,17 @@ def _build_parser():
         command.add_argument("--bus-width", type=int, choices=BUS_WIDTHS, default=None,
                              help="AXI4 data width in bits (default: 8 x rows rounded up to a "
                                   "power of two, 64 to 512)")
+        add_board_arguments(command)
+
+    def add_board_arguments(command):
+        command.add_argument("--port", metavar="PORT",
+                             help="with --sim board: the SoC's UART (/dev/ttyUSB0, or a "
+                                  "pyserial URL such as socket://HOST:PORT) or a litex_server "
+                                  "(tcp://HOST:PORT)")
+        command.add_argument("--soc", metavar="soc.json",
+                             help="with --sim board: the SoC's description, written beside "
+                                  "its bitstream (default: the one board build of the config "
+                                  "under build/board)")
 
     gemm = commands.add_parser("gemm", help="run C = A @ B and compare it with numpy")
     gemm.add_argument("--m", type=_positive_int, help="rows of A and C (random mode)")
@@ -187,6 +201,14 @@ def _build_parser():
     demo.add_argument("--out", default="docs/demo.md", metavar="FILE",
                       help="report to write (default docs/demo.md)")
     demo.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    board = commands.add_parser("board", help="the NPU on a board's LiteX SoC")
+    board_commands = board.add_subparsers(dest="board_command", required=True,
+                                          parser_class=_Parser)
+    probe = board_commands.add_parser("probe", help="read the NPU's identity and config "
+                                                     "through the link")
+    add_board_arguments(probe)
+    probe.add_argument("--json", action="store_true", help="print one JSON object")
 
     from .onnx.command import add_parser as add_onnx_parser
     add_onnx_parser(commands, add_config_arguments)
@@ -311,6 +333,7 @@ def _run_gemm(arguments):
         "instructions": result.instructions, "out": arguments.out,
         "bus_width": config.bus_width, "mapping_efficiency": plan.mapping_efficiency,
         "group_tiles": plan.group_tiles, "counters": result.perf, "wall_seconds": wall,
+        "link": result.link,
     }
     if arguments.json:
         print(json.dumps(report))
@@ -326,6 +349,8 @@ def _run_gemm(arguments):
               f"({result.macs} MACs){', predicted' if predicted else ''}\n"
               f"instructions executed: {result.instructions}\n"
               f"{plan.summary()}")
+        if result.link is not None:
+            print(_link_line(result.link))
         if not predicted:
             print(f"wall time: {wall:.1f} s to compile, simulate and check, "
                   f"{result.cycles / wall:,.0f} simulated cycles/s")
@@ -413,7 +438,7 @@ def _run_qgemm(arguments):
         "instructions": result.instructions, "out": arguments.out,
         "a_zero_point": operands["a_zero_point"],
         "out_zero_point": operands["out_zero_point"], "act_min": operands["act_min"],
-        "act_max": operands["act_max"],
+        "act_max": operands["act_max"], "link": result.link,
     }
     if arguments.json:
         print(json.dumps(report))
@@ -500,6 +525,33 @@ def _run_bench(arguments):
     return 0
 
 
+def _run_board(arguments):
+    from .board import BoardLink, BoardNPU
+    if not arguments.port:
+        raise NPUValueError("npu board probe needs --port (/dev/ttyUSB0, socket://HOST:PORT "
+                            "or tcp://HOST:PORT)")
+    with BoardLink(arguments.port) as link:
+        found = BoardNPU(link).probe()
+    config = found.pop("config")
+    report = {**found, "config": config.name, "spad_depth": config.spad_depth,
+              "acc_depth": config.acc_depth, "bus_width": config.bus_width}
+    if arguments.json:
+        print(json.dumps(report))
+    else:
+        print(f"NPU at {found['npu_base']:#010x} through {found['url']}: version "
+              f"{found['version'] >> 16}.{found['version'] & 0xFFFF}, config {config.name} "
+              f"(scratchpad {config.spad_depth} rows, accumulator {config.acc_depth} rows, "
+              f"{config.bus_width}-bit bus); SDRAM {found['dram_size'] >> 20} MiB at "
+              f"{found['dram_base']:#010x}")
+    return 0
+
+
+def _link_line(link):
+    """The host link's figures of a run on the SoC, one line."""
+    return (f"host link: {link['tx_bytes']:,} bytes sent, {link['rx_bytes']:,} received in "
+            f"{link['seconds']:.1f} s ({link['seconds_at_3mbaud']:.2f} s at 3 Mbaud)")
+
+
 def _run_onnx(arguments):
     from .onnx.command import run
     return run(arguments, _config_from(arguments))
@@ -580,15 +632,27 @@ def main(argv=None):
         return exit.code
     handlers = {"gemm": _run_gemm, "plan": _run_plan, "qgemm": _run_qgemm, "verilog": _run_verilog,
                 "trace": _run_trace, "demo": _run_demo, "bench": _run_bench,
-                "onnx": _run_onnx}
+                "onnx": _run_onnx, "board": _run_board}
+    _board_environment(arguments)
     try:
         return handlers[arguments.command](arguments)
-    except (NPURunError, BackendUnavailable) as error:
+    except (NPURunError, BackendUnavailable, LinkError) as error:
         _report(error)
         return EXIT_FAILURE
     except NPUError as error:
         _report(error)
         return EXIT_USAGE
+
+
+def _board_environment(arguments):
+    """``--port`` and ``--soc`` reach the board backend (:mod:`sw.board`) through its
+    environment variables, as the simulators' settings do."""
+    from .board import BOARD_ENV, SOC_ENV
+    import os
+    if getattr(arguments, "port", None):
+        os.environ[BOARD_ENV] = arguments.port
+    if getattr(arguments, "soc", None):
+        os.environ[SOC_ENV] = arguments.soc
 
 
 def _report(error):

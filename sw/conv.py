@@ -80,7 +80,8 @@ def prepare_conv2d(x, w, bias, multiplier=None, shift=None, *, scale=None, strid
         y = result.dram[layout.span("y")].view(np.int8).reshape(
             g.batch, g.out_height, g.out_width, g.out_channels).copy()
         return QuantResult(y=y, config=config, sim=sim, plan=program.plan, layout=layout,
-                           cycles=result.cycles, instructions=result.instructions)
+                           cycles=result.cycles, instructions=result.instructions,
+                           link=result.link)
     return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
 
 

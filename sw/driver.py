@@ -141,6 +141,9 @@ class GemmResult:
     perf : dict or None
         The hardware's performance counters (``hw.isa.PERF_COUNTERS``, plus
         ``cycles``); ``None`` on the model.
+    link : dict or None
+        On the SoC backends (``soc``, ``board``), the bytes moved over the host link and the
+        time it took (:class:`sw.board.LinkStats`); ``None`` elsewhere.
     """
     c: np.ndarray
     config: NPUConfig
@@ -150,6 +153,7 @@ class GemmResult:
     cycles: "int | None"
     instructions: int
     perf: "dict | None" = None
+    link: "dict | None" = None
 
     @property
     def weight_tiles(self):
@@ -230,7 +234,7 @@ def prepare_gemm(A, B, *, config=None, schedule="auto"):
              .reshape(m, n).astype(np.int32))
         return GemmResult(c=c, config=config, sim=sim, plan=program.plan, layout=layout,
                           cycles=result.cycles, instructions=result.instructions,
-                          perf=result.perf)
+                          perf=result.perf, link=result.link)
     return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
 
 
@@ -315,6 +319,8 @@ class QuantResult:
         Clock cycles of the run; ``None`` on the model.
     instructions : int
         Instructions executed, ``END`` included.
+    link : dict or None
+        On the SoC backends, the host link's bytes and time (as :class:`GemmResult`'s).
     """
     y: np.ndarray
     config: NPUConfig
@@ -323,6 +329,7 @@ class QuantResult:
     layout: RegionLayout
     cycles: "int | None"
     instructions: int
+    link: "dict | None" = None
 
     @property
     def weight_tiles(self):
@@ -441,7 +448,8 @@ def prepare_qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_ze
     def finish(result, config, sim):
         y = result.dram[layout.span("y")].view(np.int8).reshape(m, n).copy()
         return QuantResult(y=y, config=config, sim=sim, plan=program.plan, layout=layout,
-                           cycles=result.cycles, instructions=result.instructions)
+                           cycles=result.cycles, instructions=result.instructions,
+                           link=result.link)
     return PreparedJob(dram=dram, program=program, layout=layout, finish=finish)
 
 

@@ -35,8 +35,8 @@ def add_parser(commands, add_config_arguments):
     command.add_argument("--out", metavar="Y.npy",
                          help="write the output (several outputs: an .npz)")
     add_config_arguments(command)
-    command.add_argument("--sim", choices=("model", "verilator", "icarus"), default="model",
-                         help="where the NPU groups run (default model)")
+    command.add_argument("--sim", choices=("model", "verilator", "icarus", "soc", "board"),
+                         default="model", help="where the NPU groups run (default model)")
     command.add_argument("--batch", type=int, default=64, help="samples per NPU program")
     command.add_argument("--check", action="store_true",
                          help="also run onnxruntime (CPU) and require equal outputs")
