@@ -26,7 +26,9 @@ FPGA_PNR_MINUTES ?= 60
 JOBS    ?= auto
 STAMP   := $(VENV)/.installed
 
-.PHONY: all venv icarus sim demo test test-full coverage formal bench verilog lint trace fpga fpga-report fpga-board clean distclean help
+BOARD_SIM_CONFIG ?= 4x4
+
+.PHONY: all venv icarus litex-sim-deps sim demo test test-full coverage formal bench verilog lint trace fpga fpga-report fpga-board fpga-board-harness board-sim clean distclean help
 
 all: test
 
@@ -43,7 +45,9 @@ help:
 	@echo "make formal              bounded formal proofs of PE, array, DMA and the instruction queue (formal/)"
 	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F [SEED=N]   ECP5 synthesis + place and route -> build/fpga/*/report.json"
 	@echo "make fpga-report         the ECP5 flow for FPGA_CONFIGS ($(FPGA_CONFIGS)) on FPGA_SEEDS ($(FPGA_SEEDS)) -> docs/fpga.md"
-	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC [CLOCK_MHZ=F] [SEED=N]   a ULX3S bitstream (amaranth-boards), its PLL at or below F MHz, placed with seed N"
+	@echo "make board-sim [BOARD_SIM_CONFIG=4x4]   a GEMM, a quantized conv and an ONNX model through the whole simulated LiteX SoC (UART bridge, LiteDRAM, NPU)"
+	@echo "make fpga-board BOARD=ulx3s-85f CONFIG=RxC [SEED=N]   the LiteX SoC's bitstream for the ULX3S (soc/ulx3s.py) -> build/board/; docs/board.md"
+	@echo "make fpga-board-harness BOARD=ulx3s-85f CONFIG=RxC [CLOCK_MHZ=F] [SEED=N]   the NPU alone behind a scan chain (the out-of-context timing vehicle)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +55,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
-venv: $(STAMP) icarus
+venv: $(STAMP) icarus litex-sim-deps
+
+# LiteX's SoC simulation (make board-sim, tb/test_soc.py) links its modules against libevent
+# and json-c from Debian; install them when we may, say how when we may not.
+litex-sim-deps:
+	@if ! [ -f /usr/include/event2/event.h ] || ! [ -f /usr/include/json-c/json.h ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Installing libevent-dev and libjson-c-dev (LiteX's SoC simulation)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libevent-dev libjson-c-dev) >/dev/null; \
+	  else \
+	    echo "LiteX's SoC simulation needs libevent and json-c: run 'sudo apt-get install -y libevent-dev libjson-c-dev' and try again." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
 
 # Icarus Verilog comes from Debian; install it when we may, say how when we may not.
 icarus:
@@ -111,7 +128,13 @@ fpga-report: venv
 	$(PY) -m fpga report --configs $(FPGA_CONFIGS) --array-configs $(FPGA_ARRAY_CONFIGS) --seeds $(FPGA_SEEDS) --jobs $(FPGA_JOBS) --pnr-minutes $(FPGA_PNR_MINUTES) --device $(DEVICE) --out docs/fpga.md
 
 fpga-board: venv
+	$(PY) -m soc.ulx3s --board $(BOARD) --config $(CONFIG) $(if $(SEED),--seed $(SEED))
+
+fpga-board-harness: venv
 	$(PY) -m fpga board --config $(CONFIG) --board $(BOARD) $(if $(CLOCK_MHZ),--clock-mhz $(CLOCK_MHZ)) $(if $(SEED),--seed $(SEED))
+
+board-sim: venv
+	$(PY) -m sw.board_demo --config $(BOARD_SIM_CONFIG)
 
 trace: venv
 	$(NPU) trace

@@ -231,7 +231,16 @@ class BoardLink:
         return data[addr - first:addr - first + length]
 
     def read_reg(self, reg):
-        return self.read_words(NPU_BASE + reg, 1)[0]
+        """An NPU register, read until two reads in a row agree: ``STATUS`` and ``PC`` may
+        change between two reads while a program runs, a corrupted byte would not repeat."""
+        value = self.read_words(NPU_BASE + reg, 1, verify=False)[0]
+        for _ in range(4):
+            again = self.read_words(NPU_BASE + reg, 1, verify=False)[0]
+            if again == value:
+                return value
+            value = again
+        raise LinkError(f"the link corrupted a read: register {Reg(reg).name} read "
+                        f"differently five times in a row")
 
     def write_word(self, addr, value, *, verify=True):
         """Write one word of the SoC's bus (a LiteX CSR or memory), read back unless

@@ -22,7 +22,7 @@ from .lower import from_int8, npu_groups, place_graph, to_int8
 __all__ = ["RUN_SIMULATORS", "ModelRun", "check_input", "infer_shapes", "run_model"]
 
 #: Where :func:`run_model` can run the NPU groups ("cpu": nowhere, all on the host).
-RUN_SIMULATORS = ("model", "verilator", "icarus", "cpu")
+RUN_SIMULATORS = ("model", "verilator", "icarus", "soc", "board", "cpu")
 
 
 @dataclass
