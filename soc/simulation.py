@@ -137,7 +137,33 @@ def _sim_config(port):
     return sim_config
 
 
-def build(config, *, verbose=False):
+#: Builds of other sources (another hash) unused for this long are deleted when a build is
+#: made, as sim/runner.py does with its simulator builds.
+STALE_BUILD_SECONDS = 3600
+
+
+def _prune(keep_hash, now=None):
+    """Delete the SoC builds of sources other than ``keep_hash`` unused for an hour (their
+    ``build.ok`` untouched), unless another process holds their lock."""
+    now = time.time() if now is None else now
+    for path in sorted(BUILD_ROOT.glob("*")):
+        if not path.is_dir() or path.name.endswith(keep_hash):
+            continue
+        stamp = path / "build.ok"
+        used = (stamp if stamp.exists() else path).stat().st_mtime
+        if now - used < STALE_BUILD_SECONDS:
+            continue
+        lock_path = path.with_name(path.name + ".lock")
+        with open(lock_path, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)
+
+
+def build(config):
     """Build ``config``'s simulated SoC unless it is built; returns its gateware folder (with
     ``obj_dir/Vsim``)."""
     if not isinstance(config, NPUConfig):
@@ -146,7 +172,9 @@ def build(config, *, verbose=False):
     gateware = folder / "gateware"
     with _locked(folder.with_name(folder.name + ".lock")):
         if (folder / "build.ok").exists():
+            (folder / "build.ok").touch()
             return gateware
+        _prune(_source_hash())
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         from litex.soc.integration.builder import Builder

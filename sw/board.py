@@ -389,6 +389,10 @@ class BoardNPU:
         if status & Status.BUSY:
             raise LinkError(f"the board's NPU is busy (STATUS {status:#x}): another program "
                             f"runs")
+        if status & Status.ERROR:
+            # The last program ended in an error (after BUS_TIMEOUT its bus transactions were
+            # abandoned): a soft reset before the next start.
+            link.write_reg(Reg.CONTROL, Control.SOFT_RESET)
         link.write_bytes(DRAM_BASE, padded.tobytes())
         link.write_reg(Reg.PROG_ADDR, DRAM_BASE + prog_addr)
         link.write_reg(Reg.PROG_LEN, prog_len)
