@@ -31,7 +31,7 @@ from .toolchain import setup
 
 
 __all__ = ["TOPLEVEL", "PROJECT_ROOT", "BUILD_ROOT", "build", "run_cocotb", "run_program",
-           "run_programs"]
+           "run_programs", "locked", "prune_builds"]
 
 
 TOPLEVEL = "npu_bench"
@@ -174,7 +174,9 @@ def _gateware_hash():
 
 
 @contextmanager
-def _locked(path):
+def locked(path):
+    """Hold an exclusive lock on the file ``path`` (made if missing) while the block runs:
+    parallel test workers share one build instead of racing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -196,9 +198,17 @@ def _prune(sim, keep_hash, *, now=None, stale_seconds=STALE_BUILD_SECONDS):
     """Delete the builds for ``sim`` of gateware other than ``keep_hash`` last used (their
     ``build.ok`` touched, :func:`build`) more than ``stale_seconds`` ago, with their lock
     files; a build whose lock is held (being made) is left. Returns the folders deleted."""
+    return prune_builds(BUILD_ROOT / "sim" / sim, keep_hash, now=now,
+                        stale_seconds=stale_seconds)
+
+
+def prune_builds(folder, keep_hash, *, now=None, stale_seconds=STALE_BUILD_SECONDS):
+    """Delete the builds in ``folder`` (``<name>-<hash>`` with a ``build.ok`` and a lock file
+    beside them) of a hash other than ``keep_hash`` unused for ``stale_seconds``, unless their
+    lock is held. Returns the folders deleted. The simulated SoC's builds use it too."""
     now = time.time() if now is None else now
     deleted = []
-    for path in sorted((BUILD_ROOT / "sim" / sim).glob("*")):
+    for path in sorted(Path(folder).glob("*")):
         match = _BUILD_NAME.search(path.name)
         if not path.is_dir() or match is None or match["hash"] == keep_hash:
             continue
@@ -239,7 +249,7 @@ def build(config, sim, dram=None):
     dram = dram or dram_from_env()
     build_dir = _build_dir(config, sim, dram)
     stamp = build_dir / "build.ok"
-    with _locked(build_dir.with_name(build_dir.name + ".lock")):
+    with locked(build_dir.with_name(build_dir.name + ".lock")):
         if stamp.exists():
             os.utime(stamp)                  # last used: older gateware's are pruned by it
             return build_dir

@@ -12,7 +12,6 @@ Builds are cached in ``build/soc-sim/<config>-<hash>`` (the hash covers ``hw/`` 
 made once per configuration under a file lock that parallel test workers share.
 """
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -23,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hw.config import NPUConfig
+from sim.runner import locked, prune_builds
 from .memory_map import SDRAM_DATA_WIDTH, SDRAM_MODULE
 
 
@@ -65,17 +65,6 @@ def _source_hash():
 def build_dir(config):
     """The folder of ``config``'s simulated SoC build."""
     return BUILD_ROOT / f"{config.key()}-{_source_hash()}"
-
-
-@contextmanager
-def _locked(path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @contextmanager
@@ -137,32 +126,6 @@ def _sim_config(port):
     return sim_config
 
 
-#: Builds of other sources (another hash) unused for this long are deleted when a build is
-#: made, as sim/runner.py does with its simulator builds.
-STALE_BUILD_SECONDS = 3600
-
-
-def _prune(keep_hash, now=None):
-    """Delete the SoC builds of sources other than ``keep_hash`` unused for an hour (their
-    ``build.ok`` untouched), unless another process holds their lock."""
-    now = time.time() if now is None else now
-    for path in sorted(BUILD_ROOT.glob("*")):
-        if not path.is_dir() or path.name.endswith(keep_hash):
-            continue
-        stamp = path / "build.ok"
-        used = (stamp if stamp.exists() else path).stat().st_mtime
-        if now - used < STALE_BUILD_SECONDS:
-            continue
-        lock_path = path.with_name(path.name + ".lock")
-        with open(lock_path, "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            shutil.rmtree(path, ignore_errors=True)
-            lock_path.unlink(missing_ok=True)
-
-
 def build(config):
     """Build ``config``'s simulated SoC unless it is built; returns its gateware folder (with
     ``obj_dir/Vsim``)."""
@@ -170,11 +133,11 @@ def build(config):
         raise TypeError(f"config must be an NPUConfig, not {config!r}")
     folder = build_dir(config)
     gateware = folder / "gateware"
-    with _locked(folder.with_name(folder.name + ".lock")):
+    with locked(folder.with_name(folder.name + ".lock")):
         if (folder / "build.ok").exists():
             (folder / "build.ok").touch()
             return gateware
-        _prune(_source_hash())
+        prune_builds(BUILD_ROOT, _source_hash())
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         from litex.soc.integration.builder import Builder
