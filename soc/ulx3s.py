@@ -188,7 +188,7 @@ def read_report(path, sys_clk_freq):
     (each used of available), ``fmax_mhz`` and ``constraint_mhz`` of the clock net whose
     constraint is ``sys_clk_freq`` (nextpnr names a PLL output by its net), and
     ``critical_path`` of that clock: ``delay_ns``, ``logic_ns``, ``routing_ns``, ``from``,
-    ``to`` (cell names)."""
+    ``to`` and ``through`` (the cells between, in order)."""
     report = json.loads(Path(path).read_text())
     utilization = report.get("utilization", {})
 
@@ -220,6 +220,9 @@ def read_report(path, sys_clk_freq):
                 "delay_ns": round(total, 3), "logic_ns": round(logic, 3),
                 "routing_ns": round(total - logic, 3),
                 "from": steps[0]["from"]["cell"], "to": steps[-1]["to"]["cell"],
+                "through": [step["to"]["cell"] for step in steps
+                            if step["type"] == "routing"
+                            and step["to"]["cell"] != steps[-1]["to"]["cell"]],
             }
     return figures
 
@@ -233,8 +236,8 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
           log=print):
     """Build the SoC for ``board`` with the NPU ``config`` in ``folder`` (default
     :func:`build_dir`): with ``run``, synthesis, place and route and the bitstream, and
-    ``report.json``, which is also returned (without ``run``, only the sources and the build
-    script, and the report has no tool figures)."""
+    ``report.json``, which is also returned (without ``run``, only the sources, the build
+    script and ``soc.json``; the report returned has no tool figures)."""
     from litex.soc.integration.builder import Builder
 
     folder = Path(folder) if folder is not None else build_dir(board, config)
@@ -273,7 +276,9 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
         report["meets_constraint"] = report["fmax_mhz"] >= report["constraint_mhz"]
         report["bitstream"] = str(gateware / f"{BUILD_NAME}.bit")
     report["seconds"] = round(time.monotonic() - started, 1)
-    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if run:
+        # Only a run writes it, so that a later ``run=False`` leaves the last run's figures.
+        (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 

@@ -134,5 +134,5 @@ def test_report_reader(tmp_path):
         "dp16kd": {"used": 4, "available": 208}, "mult18x18d": {"used": 2, "available": 156},
         "clock": "$glbnet$crg_clkout", "fmax_mhz": 61.23, "constraint_mhz": 50.0,
         "critical_path": {"delay_ns": 3.75, "logic_ns": 0.75, "routing_ns": 3.0,
-                          "from": "a", "to": "c"},
+                          "from": "a", "to": "c", "through": ["b"]},
     }
