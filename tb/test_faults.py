@@ -44,3 +44,11 @@ def test_faults(sim, config_name, backpressure, request):
         run_cocotb(CONFIGS[config_name], sim, "tb.cocotb_faults", extra_env=env)
     except AssertionError as error:
         raise AssertionError(f"{error}\nreproduce: {command}") from None
+
+
+def test_bus_timeout_on_the_rtl():
+    """The bus watchdog on the generated Verilog (tb/cocotb_faults.py's
+    ``bus_timeout_then_soft_reset``), with cocotbext-axi's DRAM, which can stop answering."""
+    run_cocotb(TABLE_CONFIG, "verilator", "tb.cocotb_faults",
+               testcase="bus_timeout_then_soft_reset", dram="cocotbext",
+               extra_env={"NPU_SEED": SEED, "NPU_BACKPRESSURE": ""})
