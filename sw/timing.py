@@ -41,7 +41,8 @@ from . import codec
 from .errors import NPUValueError
 
 
-__all__ = ["Timing", "predict", "predict_gemm", "READ_LATENCY", "WRITE_RESPONSE_LATENCY"]
+__all__ = ["Timing", "Memory", "MEMORIES", "memory_for", "predict", "predict_gemm",
+           "READ_LATENCY", "WRITE_RESPONSE_LATENCY"]
 
 
 #: Cycles from the cycle a read command is granted to its first data beat: the command is
@@ -56,6 +57,79 @@ WRITE_RESPONSE_LATENCY = simulated_dram.WRITE_RESPONSE_LATENCY
 #: which the DMA sends in the cycle after the grant; a response in the cycle after the last beat.
 _MIN_READ_LATENCY = 2
 _MIN_WRITE_RESPONSE_LATENCY = 1
+
+#: The ULX3S's SDRAM (MT48LC16M16, :data:`soc.memory_map.SDRAM_DATA_WIDTH`): 16 bits a cycle
+#: at 1:1, single data rate.
+ULX3S_SDRAM_BITS = 16
+#: Fitted to the simulated SoC (soc/simulation.py, LiteDRAM's model of that chip at 50 MHz):
+#: one LOAD_SPAD or STORE of 1 to 256 one-beat rows on the 2x2 (docs/board-model.md).
+ULX3S_READ_LATENCY = 20
+ULX3S_WRITE_RESPONSE_LATENCY = 10
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The DRAM as the cycle model sees it from the NPU's AXI4 master.
+
+    Attributes
+    ----------
+    name : str
+        What it is, for reports.
+    read_latency : int
+        Cycles from a granted read command to its first beat (at least 2; see
+        :data:`READ_LATENCY`).
+    write_response_latency : int
+        Cycles from a burst's last write beat to its response (at least 1).
+    read_beat_cycles : int
+        Cycles between read beats: the first beat of a burst comes ``read_latency - 1`` cycles
+        after its address or ``read_beat_cycles`` after the beat before, whichever is later.
+    write_beat_cycles : int
+        Cycles between write beats accepted (1: one a cycle, the simulated DRAM).
+    """
+    name: str
+    read_latency: int = READ_LATENCY
+    write_response_latency: int = WRITE_RESPONSE_LATENCY
+    read_beat_cycles: int = 1
+    write_beat_cycles: int = 1
+
+    def __post_init__(self):
+        _check_latency("read_latency", self.read_latency, _MIN_READ_LATENCY)
+        _check_latency("write_response_latency", self.write_response_latency,
+                       _MIN_WRITE_RESPONSE_LATENCY)
+        _check_latency("read_beat_cycles", self.read_beat_cycles, 1)
+        _check_latency("write_beat_cycles", self.write_beat_cycles, 1)
+
+
+def _simulated_dram(bus_width):
+    return Memory("sim")
+
+
+def _ulx3s_sdram(bus_width):
+    # LiteDRAM's port down-converter turns a beat into bus_width / 16 SDRAM column commands
+    # and spends a cycle in IDLE taking the next (litedram.frontend.adapter).
+    ratio = bus_width // ULX3S_SDRAM_BITS
+    beat = ratio + 1 if ratio > 1 else 1
+    return Memory("ulx3s", read_latency=ULX3S_READ_LATENCY,
+                  write_response_latency=ULX3S_WRITE_RESPONSE_LATENCY,
+                  read_beat_cycles=beat, write_beat_cycles=beat)
+
+
+#: The named memories, each a function of the NPU's bus width in bits: ``"sim"``, the
+#: project's simulated DRAM (exact: tb/test_timing.py), and ``"ulx3s"``, the ULX3S's SDRAM
+#: behind LiteDRAM in the SoC (soc/), within the error docs/board-model.md states.
+MEMORIES = {"sim": _simulated_dram, "ulx3s": _ulx3s_sdram}
+
+
+def memory_for(memory, config):
+    """The :class:`Memory` that ``memory`` names (a key of :data:`MEMORIES`) at ``config``'s
+    bus width; a :class:`Memory` is returned as it is."""
+    if isinstance(memory, Memory):
+        return memory
+    if memory not in MEMORIES:
+        raise NPUValueError(f"memory must be a Memory or one of {', '.join(MEMORIES)}, "
+                            f"not {memory!r}")
+    return MEMORIES[memory](config.bus_width)
+
 
 _MODELLED = {Opcode.END, Opcode.LOAD_SPAD, Opcode.PRELOAD, Opcode.MATMUL, Opcode.STORE}
 
@@ -80,15 +154,15 @@ def _beats(addr, row_bytes, bus_bytes):
     return (addr % bus_bytes + row_bytes + bus_bytes - 1) // bus_bytes
 
 
-def _read_rows(grant, command, bus, read_latency):
+def _read_rows(grant, command, bus, read_latency, beat_cycles):
     """The cycles in which the rows of a read command granted in cycle ``grant`` leave the
     DMA reader, and its beats.
 
     The reader sends a burst's address a cycle (the first in ``grant + 1``), while fewer than
     :data:`~hw.dma.MAX_READS_OUTSTANDING` bursts wait for data: a burst's slot frees in the
     cycle after its last beat. A burst's first beat comes ``read_latency - 1`` cycles after
-    its address, or right after the burst before it ends; a row leaves in the cycle after its
-    last beat. Bursts are cut as the DMA cuts them, at 4 KiB and at 256 beats.
+    its address, or ``beat_cycles`` after the last beat of the burst before, and its beats
+    follow ``beat_cycles`` apart; a row leaves in the cycle after its last beat. Bursts are cut as the DMA cuts them, at 4 KiB and at 256 beats.
     """
     addr, rows, row_bytes, stride = command
     address = grant                          # the cycle of the last address sent
@@ -106,7 +180,8 @@ def _read_rows(grant, command, bus, read_latency):
             address += 1
             if len(ends) == MAX_READS_OUTSTANDING:
                 address = max(address, ends.popleft() + 1)
-            beat = max(address + read_latency - 1, beat + 1) + length - 1
+            beat = (max(address + read_latency - 1, beat + beat_cycles)
+                    + (length - 1) * beat_cycles)
             ends.append(beat)
             beat_addr += length * bus
             left -= length
@@ -142,22 +217,30 @@ def _check_latency(name, value, minimum):
                             f"not {value!r}")
 
 
-def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
-            write_response_latency=WRITE_RESPONSE_LATENCY, max_cycles=1 << 40):
+def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
+            write_response_latency=None, max_cycles=1 << 40):
     """Cycles and counters of the program ``words`` (128-bit ints) at ``prog_addr`` on the
     NPU of ``config``, from start to done.
 
-    ``read_latency`` is the DRAM's delay from a granted read command to its first beat (at
-    least 2), ``write_response_latency`` from a burst's last write beat to its response (at
-    least 1); see :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`.
+    ``memory`` is the DRAM: a name in :data:`MEMORIES` (``"sim"``, the default, or
+    ``"ulx3s"``) or a :class:`Memory`. ``read_latency`` and ``write_response_latency``, when
+    given, replace its latencies: the delay from a granted read command to its first beat (at
+    least 2) and from a burst's last write beat to its response (at least 1); see
+    :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`.
 
-    Raises :class:`~sw.errors.NPUValueError` for an instruction the model does not cover or a
-    latency below its minimum, and ``RuntimeError`` if the program does not end within
-    ``max_cycles``.
+    Raises :class:`~sw.errors.NPUValueError` for an instruction the model does not cover, an
+    unknown memory or a latency below its minimum, and ``RuntimeError`` if the program does
+    not end within ``max_cycles``.
     """
+    memory = memory_for(memory, config)
+    if read_latency is None:
+        read_latency = memory.read_latency
+    if write_response_latency is None:
+        write_response_latency = memory.write_response_latency
     _check_latency("read_latency", read_latency, _MIN_READ_LATENCY)
     _check_latency("write_response_latency", write_response_latency,
                    _MIN_WRITE_RESPONSE_LATENCY)
+    read_beat_cycles, write_beat_cycles = memory.read_beat_cycles, memory.write_beat_cycles
     program = _decode_program(words)
     prog_len = len(program)
     rows, cols = config.rows, config.cols
@@ -200,6 +283,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
     wr_row_addr = wr_rows_left = wr_row_bytes = wr_stride = 0
     wr_beat_addr = wr_beats_left = wr_burst_left = 0
     wr_buffered = False                      # a row waits in the writer's buffer
+    wr_accept_at = 0                         # the first cycle the DRAM takes a write beat in
     outstanding = 0
     responses = deque()                      # cycles in which a write response arrives
 
@@ -316,7 +400,7 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             reader_busy, reader_is_load = True, grant_load
             if grant_load:
                 ld_sent = True
-            times, beats = _read_rows(t, grant, bus, read_latency)
+            times, beats = _read_rows(t, grant, bus, read_latency, read_beat_cycles)
             row_times.extend(times)
             read_done_at = times[-1]
             read_beats += beats
@@ -383,7 +467,8 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
             wr_burst_left = length
             outstanding += 1
             next_wr = "DATA"
-        elif wr_state == "DATA":
+        elif wr_state == "DATA" and t >= wr_accept_at:
+            wr_accept_at = t + write_beat_cycles
             write_beats += 1
             wr_burst_left -= 1
             if wr_burst_left == 0:
@@ -446,11 +531,11 @@ def predict(config, words, prog_addr, *, read_latency=READ_LATENCY,
     return Timing(cycles=cycles, perf=perf)
 
 
-def predict_gemm(config, m, k, n, *, schedule="auto", read_latency=READ_LATENCY,
-                 write_response_latency=WRITE_RESPONSE_LATENCY):
+def predict_gemm(config, m, k, n, *, schedule="auto", memory="sim", read_latency=None,
+                 write_response_latency=None):
     """:func:`predict` for the program the driver runs for ``(m x k) @ (k x n)`` on
     ``config`` (:func:`sw.driver.gemm`): the same plan, DRAM layout and instructions, and
-    the same DRAM latencies as :func:`predict` takes."""
+    the same memory and DRAM latencies as :func:`predict` takes."""
     from .compiler import compile_gemm, plan_gemm
     from .driver import layout_dram
     from .operands import check_config
@@ -461,5 +546,5 @@ def predict_gemm(config, m, k, n, *, schedule="auto", read_latency=READ_LATENCY,
     program = compile_gemm(config, m, k, n, a_addr=layout.a_addr, b_addr=layout.b_addr,
                            c_addr=layout.c_addr, a_stride=layout.a_stride,
                            b_stride=layout.b_stride, plan=plan)
-    return predict(config, program.words, layout.program_addr, read_latency=read_latency,
-                   write_response_latency=write_response_latency)
+    return predict(config, program.words, layout.program_addr, memory=memory,
+                   read_latency=read_latency, write_response_latency=write_response_latency)
