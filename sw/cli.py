@@ -153,6 +153,10 @@ def _build_parser():
                       help="PE columns (with --rows, instead of --config)")
     plan.add_argument("--schedule", choices=SCHEDULES, default="auto",
                       help="compiler schedule (default auto)")
+    plan.add_argument("--memory", choices=("sim", "ulx3s"), default="sim",
+                      help="the DRAM the cycles are predicted for: sim, the simulated DRAM "
+                           "(exact), or ulx3s, the SoC's SDRAM behind LiteDRAM (within the "
+                           "error docs/board.md states); default sim")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     qgemm = commands.add_parser(
@@ -559,13 +563,15 @@ def _run_onnx(arguments):
 
 def _run_plan(arguments):
     from .compiler import plan_gemm, scalesim_cycles
-    from .timing import predict_gemm
+    from .timing import memory_for, predict_gemm
 
     config = _config_from(arguments)
     plan = plan_gemm(config, arguments.m, arguments.k, arguments.n,
                      schedule=arguments.schedule)
     pes = config.rows * config.cols
-    timing = predict_gemm(config, plan.m, plan.k, plan.n, schedule=arguments.schedule)
+    memory = memory_for(arguments.memory, config)
+    timing = predict_gemm(config, plan.m, plan.k, plan.n, schedule=arguments.schedule,
+                          memory=memory)
     predicted = timing.cycles
     scalesim = scalesim_cycles(config, plan.m, plan.k, plan.n)
     report = {
@@ -577,6 +583,10 @@ def _run_plan(arguments):
         "mapping_efficiency": plan.mapping_efficiency,
         "useful_pe_cells": plan.k * plan.n,
         "provisioned_pe_cells": plan.weight_tiles * pes,
+        "memory": memory.name, "read_latency": memory.read_latency,
+        "write_response_latency": memory.write_response_latency,
+        "read_beat_cycles": memory.read_beat_cycles,
+        "write_beat_cycles": memory.write_beat_cycles,
         "predicted_cycles": predicted,
         "predicted_utilization": plan.macs / (predicted * pes),
         "predicted_counters": timing.perf,
@@ -602,6 +612,9 @@ def _run_plan(arguments):
           f"{plan.mapping_efficiency:.1%}")
     print(f"predicted cycles: {predicted:,} (cycle model, sw/timing.py), utilization "
           f"{report['predicted_utilization']:.1%}")
+    print(f"memory: {memory.name} (read latency {memory.read_latency}, write response "
+          f"{memory.write_response_latency}, a read beat every {memory.read_beat_cycles} "
+          f"cycles, a write beat every {memory.write_beat_cycles})")
     print(f"SCALE-Sim weight-stationary model: {scalesim:,} cycles, utilization "
           f"{report['scalesim_utilization']:.1%}")
     print(f"scratchpad: {plan.spad_rows_used} rows ({report['spad_bytes_used']:,} bytes), "
