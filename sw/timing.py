@@ -71,8 +71,8 @@ ULX3S_SDRAM_BITS = 16
 #: (soc/simulation.py: LiteDRAM and its model of that chip at 50 MHz), 2x2 and 4x4, the 64^3
 #: ones left out: their row misses, which the model does not have, dominate
 #: (docs/board-model.md). Fitted, not measured: LiteDRAM's latencies vary with its queue.
-ULX3S_READ_LATENCY = 16
-ULX3S_WRITE_RESPONSE_LATENCY = 2
+ULX3S_READ_LATENCY = 18
+ULX3S_WRITE_RESPONSE_LATENCY = 8
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _read_rows(grant, command, bus, read_latency, beat_cycles):
     """
     addr, rows, row_bytes, stride = command
     address = grant                          # the cycle of the last address sent
-    beat = grant + read_latency - 1          # the cycle of the last beat
+    beat = grant + read_latency - beat_cycles   # the cycle of the last beat (none yet)
     ends = deque()                           # last-beat cycles of the bursts outstanding
     times = []
     beats = 0
