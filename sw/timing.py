@@ -23,10 +23,11 @@ to back, writes never stalled). Other DRAM timing changes the count, not the res
 back-pressure.
 
 A :class:`Memory` adds bandwidth: read beats at most one every ``read_beat_cycles``, write
-beats accepted at most one every ``write_beat_cycles``. :data:`MEMORIES` names two: ``"sim"``
-(the above, exact) and ``"ulx3s"``, the SoC's 16-bit SDRAM behind LiteDRAM (soc/), which is
-not exact: refresh, row misses and LiteDRAM's queues are not modelled, and
-docs/board-model.md states the error against the simulated SoC.
+beats accepted at most one every ``write_beat_cycles``, and optionally one data bus that reads
+and writes take turns on. :data:`MEMORIES` names two: ``"sim"`` (the above, exact) and
+``"ulx3s"``, the SoC's 16-bit SDRAM behind LiteDRAM (soc/), which is not exact: refresh, row
+misses and LiteDRAM's queues and arbitration are not modelled, and docs/board-model.md states
+the error against the simulated SoC.
 
 Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``, ``MATMUL``,
 ``STORE`` and ``END``; programs are assumed to run without error.
@@ -67,12 +68,14 @@ _MIN_WRITE_RESPONSE_LATENCY = 1
 #: The ULX3S's SDRAM (MT48LC16M16, :data:`soc.memory_map.SDRAM_DATA_WIDTH`): 16 bits a cycle
 #: at 1:1, single data rate.
 ULX3S_SDRAM_BITS = 16
-#: Fitted (least squares of the relative error) to GEMMs on the simulated SoC
-#: (soc/simulation.py: LiteDRAM and its model of that chip at 50 MHz), 2x2 and 4x4, the 64^3
-#: ones left out: their row misses, which the model does not have, dominate
-#: (docs/board-model.md). Fitted, not measured: LiteDRAM's latencies vary with its queue.
+#: Fitted (least squares of the relative error) to 18 GEMMs on the simulated SoC
+#: (soc/simulation.py: LiteDRAM and its model of that chip at 50 MHz), 2x2 and 4x4
+#: (docs/board-model.md). Fitted, not measured: LiteDRAM's latencies vary with its queues,
+#: and its multiplexer serves reads up to 32 cycles and writes up to 16 before it turns
+#: (``litedram.core.multiplexer``), which the one turnaround stands for.
 ULX3S_READ_LATENCY = 18
 ULX3S_WRITE_RESPONSE_LATENCY = 8
+ULX3S_TURNAROUND_CYCLES = 16
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,21 @@ class Memory:
         after its address or ``read_beat_cycles`` after the beat before, whichever is later.
     write_beat_cycles : int
         Cycles between write beats accepted (1: one a cycle, the simulated DRAM).
+    shared_bus : bool
+        Whether reads and writes take turns on one data bus (an SDRAM's), each beat holding it
+        for its beat cycles: a write beat waits for the read bursts already granted, a read
+        burst for the write beats already taken. False: the AXI4 channels apart, as the
+        simulated DRAM has them.
+    turnaround_cycles : int
+        On a shared bus, the cycles it stays idle between a read and a write beat, either way.
     """
     name: str
     read_latency: int = READ_LATENCY
     write_response_latency: int = WRITE_RESPONSE_LATENCY
     read_beat_cycles: int = 1
     write_beat_cycles: int = 1
+    shared_bus: bool = False
+    turnaround_cycles: int = 0
 
     def __post_init__(self):
         _check_latency("read_latency", self.read_latency, _MIN_READ_LATENCY)
@@ -106,6 +118,9 @@ class Memory:
                        _MIN_WRITE_RESPONSE_LATENCY)
         _check_latency("read_beat_cycles", self.read_beat_cycles, 1)
         _check_latency("write_beat_cycles", self.write_beat_cycles, 1)
+        _check_latency("turnaround_cycles", self.turnaround_cycles, 0)
+        if not isinstance(self.shared_bus, bool):
+            raise NPUValueError(f"shared_bus must be True or False, not {self.shared_bus!r}")
 
 
 def _simulated_dram(bus_width):
@@ -119,7 +134,8 @@ def _ulx3s_sdram(bus_width):
     beat = ratio + 1 if ratio > 1 else 1
     return Memory("ulx3s", read_latency=ULX3S_READ_LATENCY,
                   write_response_latency=ULX3S_WRITE_RESPONSE_LATENCY,
-                  read_beat_cycles=beat, write_beat_cycles=beat)
+                  read_beat_cycles=beat, write_beat_cycles=beat, shared_bus=True,
+                  turnaround_cycles=ULX3S_TURNAROUND_CYCLES)
 
 
 #: The named memories, each a function of the NPU's bus width in bits: ``"sim"``, the
@@ -162,7 +178,7 @@ def _beats(addr, row_bytes, bus_bytes):
     return (addr % bus_bytes + row_bytes + bus_bytes - 1) // bus_bytes
 
 
-def _read_rows(grant, command, bus, read_latency, beat_cycles):
+def _read_rows(grant, command, bus, read_latency, beat_cycles, free_from=0, slots=None):
     """The cycles in which the rows of a read command granted in cycle ``grant`` leave the
     DMA reader, and its beats.
 
@@ -170,7 +186,12 @@ def _read_rows(grant, command, bus, read_latency, beat_cycles):
     :data:`~hw.dma.MAX_READS_OUTSTANDING` bursts wait for data: a burst's slot frees in the
     cycle after its last beat. A burst's first beat comes ``read_latency - 1`` cycles after
     its address, or ``beat_cycles`` after the last beat of the burst before, and its beats
-    follow ``beat_cycles`` apart; a row leaves in the cycle after its last beat. Bursts are cut as the DMA cuts them, at 4 KiB and at 256 beats.
+    follow ``beat_cycles`` apart; a row leaves in the cycle after its last beat. Bursts are
+    cut as the DMA cuts them, at 4 KiB and at 256 beats.
+
+    On a memory whose reads and writes share one data bus, a beat holds the bus for the
+    ``beat_cycles`` up to and including its cycle: none starts before ``free_from`` (the
+    writes' end), and each burst's cycles on the bus go into ``slots`` as ``(first, end)``.
     """
     addr, rows, row_bytes, stride = command
     address = grant                          # the cycle of the last address sent
@@ -188,13 +209,25 @@ def _read_rows(grant, command, bus, read_latency, beat_cycles):
             address += 1
             if len(ends) == MAX_READS_OUTSTANDING:
                 address = max(address, ends.popleft() + 1)
-            beat = (max(address + read_latency - 1, beat + beat_cycles)
-                    + (length - 1) * beat_cycles)
+            first = max(address + read_latency - 1, beat + beat_cycles,
+                        free_from + beat_cycles - 1)
+            beat = first + (length - 1) * beat_cycles
+            if slots is not None:
+                slots.append((first - beat_cycles + 1, beat + 1))
             ends.append(beat)
             beat_addr += length * bus
             left -= length
         times.append(beat + 1)
     return times, beats
+
+
+def _bus_taken(slots, start, cycles, turnaround):
+    """Whether a read burst holds the bus in any of the ``cycles`` from ``start``, or within
+    ``turnaround`` cycles of them (slots that ended are dropped)."""
+    while slots and slots[0][1] + turnaround <= start:
+        slots.popleft()
+    return any(first < start + cycles + turnaround and start < end + turnaround
+               for first, end in slots)
 
 
 def _overlap(a, a_rows, b, b_rows):
@@ -249,6 +282,10 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
     _check_latency("write_response_latency", write_response_latency,
                    _MIN_WRITE_RESPONSE_LATENCY)
     read_beat_cycles, write_beat_cycles = memory.read_beat_cycles, memory.write_beat_cycles
+    # One data bus for reads and writes: the read bursts' cycles on it, planned at their
+    # grant, and the cycle the last write beat taken leaves it free.
+    read_slots = deque() if memory.shared_bus else None
+    write_free_from = 0
     program = _decode_program(words)
     prog_len = len(program)
     rows, cols = config.rows, config.cols
@@ -408,7 +445,9 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
             reader_busy, reader_is_load = True, grant_load
             if grant_load:
                 ld_sent = True
-            times, beats = _read_rows(t, grant, bus, read_latency, read_beat_cycles)
+            times, beats = _read_rows(t, grant, bus, read_latency, read_beat_cycles,
+                                      write_free_from + memory.turnaround_cycles,
+                                      read_slots)
             row_times.extend(times)
             read_done_at = times[-1]
             read_beats += beats
@@ -475,8 +514,10 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
             wr_burst_left = length
             outstanding += 1
             next_wr = "DATA"
-        elif wr_state == "DATA" and t >= wr_accept_at:
-            wr_accept_at = t + write_beat_cycles
+        elif wr_state == "DATA" and t >= wr_accept_at and not (
+                read_slots is not None and _bus_taken(read_slots, t, write_beat_cycles,
+                                                      memory.turnaround_cycles)):
+            wr_accept_at = write_free_from = t + write_beat_cycles
             write_beats += 1
             wr_burst_left -= 1
             if wr_burst_left == 0:
