@@ -16,6 +16,10 @@ them (``build/board/bin``) and the build puts that folder first on ``PATH``.
 ``gateware/nextpnr.json`` (nextpnr's report), ``soc.json`` (what the host's ``board`` backend
 needs: :func:`soc.soc.write_host_description`) and ``report.json`` (resources, Fmax of
 ``sys``, critical path, seconds).
+
+The NPU is the Verilog :mod:`soc.npu` writes (:func:`hw.top.generate_verilog`, elaborated
+without a platform); docs/board.md ("The NPU elaborated for ECP5") measures the SoC with the
+NPU elaborated for ECP5 as the FPGA flow does it.
 """
 
 import argparse
@@ -34,11 +38,12 @@ from litex.soc.cores.clock import ECP5PLL
 
 from hw.config import NPUConfig
 from .memory_map import SDRAM_DATA_WIDTH, SDRAM_MODULE
-from .soc import NPUSoC
+from .soc import NPUSoC, write_host_description
 
 
-__all__ = ["BOARDS", "CLKIN_FREQ", "SYS_CLK_FREQ", "pll_config", "BAUDRATE", "BUILD_NAME", "TOOLS", "ULX3SCRG",
-           "ULX3SNPUSoC", "tool_wrappers", "read_report", "build", "main"]
+__all__ = ["BOARDS", "CLKIN_FREQ", "SYS_CLK_FREQ", "BAUDRATE", "BUILD_NAME", "TOOLS",
+           "ULX3SCRG", "ULX3SNPUSoC", "pll_config", "tool_wrappers", "read_report", "build",
+           "main"]
 
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -251,7 +256,6 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
     builder.build(build_name=BUILD_NAME, run=False, seed=seed)
     # What the host's board backend reads (sw.board.find_description): the address map and
     # LiteDRAM's init sequence, which the host runs since the SoC has no CPU.
-    from .soc import write_host_description
     write_host_description(soc, folder)
     report = {
         "board": board, "device": BOARDS[board], "config": config.name,
