@@ -445,9 +445,10 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
             reader_busy, reader_is_load = True, grant_load
             if grant_load:
                 ld_sent = True
+            free_from = (write_free_from + memory.turnaround_cycles
+                         if memory.shared_bus else 0)
             times, beats = _read_rows(t, grant, bus, read_latency, read_beat_cycles,
-                                      write_free_from + memory.turnaround_cycles,
-                                      read_slots)
+                                      free_from, read_slots)
             row_times.extend(times)
             read_done_at = times[-1]
             read_beats += beats
