@@ -305,6 +305,8 @@ ULX3S_TOLERANCE = 0.03
 
 @pytest.mark.parametrize("name, shape", list(ULX3S_MEASURED), ids=str)
 def test_ulx3s_memory_near_the_simulated_soc(name, shape):
+    """The preset against the simulated SoC's figures, kept here so that a change to the
+    model or the preset that moves them shows without running the SoC."""
     config = NPUConfig.from_name(name)
     predicted = predict_gemm(config, *shape, memory="ulx3s").cycles
     for measured in ULX3S_MEASURED[name, shape]:
