@@ -153,7 +153,8 @@ def _build_parser():
                       help="PE columns (with --rows, instead of --config)")
     plan.add_argument("--schedule", choices=SCHEDULES, default="auto",
                       help="compiler schedule (default auto)")
-    plan.add_argument("--memory", choices=("sim", "ulx3s"), default="sim",
+    from .timing import MEMORIES
+    plan.add_argument("--memory", choices=tuple(MEMORIES), default="sim",
                       help="the DRAM the cycles are predicted for: sim, the simulated DRAM "
                            "(exact), or ulx3s, the SoC's SDRAM behind LiteDRAM (within the "
                            "error docs/board.md states); default sim")
