@@ -26,7 +26,7 @@ A :class:`Memory` adds bandwidth: read beats at most one every ``read_beat_cycle
 beats accepted at most one every ``write_beat_cycles``, and optionally one data bus that reads
 and writes take turns on. :data:`MEMORIES` names two: ``"sim"`` (the above, exact) and
 ``"ulx3s"``, the SoC's 16-bit SDRAM behind LiteDRAM (soc/), which is not exact: refresh, row
-misses and LiteDRAM's queues and arbitration are not modelled, and docs/board-model.md states
+misses and LiteDRAM's queues and arbitration are not modelled, and docs/board.md states
 the error against the simulated SoC.
 
 Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``, ``MATMUL``,
@@ -70,7 +70,7 @@ _MIN_WRITE_RESPONSE_LATENCY = 1
 ULX3S_SDRAM_BITS = 16
 #: Fitted (least squares of the relative error) to 18 GEMMs on the simulated SoC
 #: (soc/simulation.py: LiteDRAM and its model of that chip at 50 MHz), 2x2 and 4x4
-#: (docs/board-model.md). Fitted, not measured: LiteDRAM's latencies vary with its queues,
+#: (docs/board.md). Fitted, not measured: LiteDRAM's latencies vary with its queues,
 #: and its multiplexer serves reads up to 32 cycles and writes up to 16 before it turns
 #: (``litedram.core.multiplexer``), which the one turnaround stands for.
 ULX3S_READ_LATENCY = 18
@@ -140,7 +140,7 @@ def _ulx3s_sdram(bus_width):
 
 #: The named memories, each a function of the NPU's bus width in bits: ``"sim"``, the
 #: project's simulated DRAM (exact: tb/test_timing.py), and ``"ulx3s"``, the ULX3S's SDRAM
-#: behind LiteDRAM in the SoC (soc/), within the error docs/board-model.md states.
+#: behind LiteDRAM in the SoC (soc/), within the error docs/board.md states.
 MEMORIES = {"sim": _simulated_dram, "ulx3s": _ulx3s_sdram}
 
 

@@ -294,11 +294,11 @@ def test_ulx3s_memory_from_the_bus_width():
         Memory("bad", shared_bus=1)
 
 
-#: GEMMs measured on the simulated SoC (soc/simulation.py; docs/board-model.md has the
+#: GEMMs measured on the simulated SoC (soc/simulation.py; docs/board.md has the
 #: commands): the CYCLES register, two runs each (refresh moves them by a few cycles).
 ULX3S_MEASURED = {("2x2", (16, 16, 16)): (6560, 6561), ("4x4", (16, 16, 16)): (2508, 2522),
                   ("4x4", (24, 40, 20)): (7130,)}
-#: The "ulx3s" preset's error on those is at most 1.7% (docs/board-model.md's table; refresh
+#: The "ulx3s" preset's error on those is at most 1.7% (docs/board.md's table; refresh
 #: alone moves a run by about 1%); on GEMMs that store while they load, more (64^3: up to 12%).
 ULX3S_TOLERANCE = 0.03
 
