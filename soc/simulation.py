@@ -52,10 +52,15 @@ def sdram_module(clk_freq):
     return getattr(modules, SDRAM_MODULE)(clk_freq, "1:1")
 
 
+#: The files of soc/ that the simulated SoC is built from.
+GATEWARE_SOURCES = ("__init__.py", "memory_map.py", "npu.py", "soc.py", "simulation.py")
+
+
 def _source_hash():
     digest = hashlib.sha256()
-    sources = sorted((PROJECT_ROOT / "hw").rglob("*.py")) + sorted(
-        (PROJECT_ROOT / "soc").rglob("*.py"))
+    # hw/ and the SoC's gateware with its simulated pads; not the board targets (ulx3s.py).
+    sources = sorted((PROJECT_ROOT / "hw").rglob("*.py")) + [
+        PROJECT_ROOT / "soc" / name for name in GATEWARE_SOURCES]
     for source in sources:
         digest.update(str(source.relative_to(PROJECT_ROOT)).encode())
         digest.update(source.read_bytes())

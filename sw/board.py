@@ -122,7 +122,7 @@ def _uart_client(url, baudrate, stats):
     return client
 
 
-def _tcp_client(url, stats):
+def _tcp_client(url):
     """LiteX's ``RemoteClient``, through a ``litex_server`` at ``tcp://HOST:PORT``."""
     from litex.tools.litex_client import RemoteClient
     host, _, port = url.removeprefix("tcp://").partition(":")
@@ -148,16 +148,19 @@ class BoardLink:
 
     Attributes
     ----------
-    stats : LinkStats
+    stats : LinkStats or None
+        The bytes on the UART; ``None`` through a ``litex_server``, which owns the UART and
+        does not report them.
     """
     def __init__(self, url, *, baudrate=BAUDRATE):
         if not isinstance(url, str) or not url:
             raise NPUValueError(f"the board's port must be a device or URL, not {url!r}")
         self.url = url
-        self.stats = LinkStats()
         if url.startswith("tcp://"):
-            self.client = _tcp_client(url, self.stats)
+            self.stats = None
+            self.client = _tcp_client(url)
         else:
+            self.stats = LinkStats()
             self.client = _uart_client(url, baudrate, self.stats)
 
     def close(self):
@@ -179,7 +182,8 @@ class BoardLink:
         except (OSError, TimeoutError) as error:
             raise LinkError(f"the link to {self.url} failed: {error}") from None
         finally:
-            self.stats.seconds += time.perf_counter() - started
+            if self.stats is not None:
+                self.stats.seconds += time.perf_counter() - started
 
     def read_words(self, addr, count, *, verify=True):
         """``count`` 32-bit words from byte address ``addr``; read twice and compared unless
@@ -378,7 +382,8 @@ class BoardNPU:
         """Run one program as :func:`sw.backend.run_program` does; returns a
         :class:`RunResult` whose ``link`` holds this run's link figures."""
         link = self.link
-        before = LinkStats(link.stats.tx_bytes, link.stats.rx_bytes, link.stats.seconds)
+        before = None if link.stats is None else LinkStats(
+            link.stats.tx_bytes, link.stats.rx_bytes, link.stats.seconds)
         image = np.asarray(image, dtype=np.uint8)
         if len(image) > DRAM_SIZE:
             raise NPUValueError(f"the program and its data take {len(image)} bytes; the "
@@ -416,13 +421,13 @@ class BoardNPU:
         for start, stop in stored_regions(image, prog_addr, prog_len):
             dram[start:stop] = np.frombuffer(link.read_bytes(DRAM_BASE + start, stop - start),
                                              dtype=np.uint8)
-        stats = LinkStats(link.stats.tx_bytes - before.tx_bytes,
-                          link.stats.rx_bytes - before.rx_bytes,
-                          link.stats.seconds - before.seconds)
+        stats = None if before is None else LinkStats(
+            link.stats.tx_bytes - before.tx_bytes, link.stats.rx_bytes - before.rx_bytes,
+            link.stats.seconds - before.seconds).as_dict()
         return RunResult(done=done, error_code=ErrorCode((status >> Status.CODE_SHIFT) & 0xFF),
                          error_pc=0 if done else error_pc, cycles=cycles,
                          instructions=pc + 1 if done else error_pc, dram=dram, perf=perf,
-                         link=stats.as_dict())
+                         link=stats)
 
 
 def load_description(path, config=None):

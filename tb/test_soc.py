@@ -178,6 +178,43 @@ def test_a_missing_port_is_an_error():
         board.BoardLink("/dev/npu-no-such-port")
 
 
+def test_through_litex_server():
+    """``tcp://``: LiteX's own litex_server owns the UART (here the simulated SoC's socket)
+    and the backend reaches it with LiteX's RemoteClient; a GEMM runs bit-exactly."""
+    import subprocess
+    import sys
+    import time
+    from soc.simulation import SimulatedSoC
+    a, b, job = _gemm_job(m=6, k=5, n=4)
+    port = socket.create_server(("127.0.0.1", 0))
+    bind_port = port.getsockname()[1]
+    port.close()
+    server_script = os.path.join(os.path.dirname(sys.executable), "litex_server")
+    with SimulatedSoC(CONFIG) as soc:
+        server = subprocess.Popen([sys.executable, server_script, "--uart", "--uart-port",
+                                   soc.url, "--bind-ip", "127.0.0.1", "--bind-port",
+                                   str(bind_port)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", bind_port), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "litex_server did not start"
+                    time.sleep(0.2)
+            description = board.load_description(soc.description, CONFIG)
+            [result] = board._run_all(f"tcp://127.0.0.1:{bind_port}", CONFIG,
+                                      [(job.dram, job.layout.program_addr, len(job.program))],
+                                      description)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    assert result.done and result.link is None
+    assert np.array_equal(job.finish(result, CONFIG, "soc").c, reference_gemm(a, b))
+
+
 def test_the_board_must_be_the_config_asked_for():
     from soc.simulation import SimulatedSoC
     with SimulatedSoC(CONFIG) as soc, board.BoardLink(soc.url) as link:
