@@ -255,8 +255,11 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
                       csr_csv=str(folder / "csr.csv"))
     builder.build(build_name=BUILD_NAME, run=False, seed=seed)
     # What the host's board backend reads (sw.board.find_description): the address map and
-    # LiteDRAM's init sequence, which the host runs since the SoC has no CPU.
-    write_host_description(soc, folder)
+    # LiteDRAM's init sequence, which the host runs since the SoC has no CPU. With the tools,
+    # only once they have made the bitstream, so that a failed build leaves none to be found.
+    (folder / "soc.json").unlink(missing_ok=True)
+    if not run:
+        write_host_description(soc, folder)
     report = {
         "board": board, "device": BOARDS[board], "config": config.name,
         "sys_clk_mhz": sys_clk_freq / 1e6, "seed": seed,
@@ -276,6 +279,7 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
             tail = "".join(build_log.read_text(errors="replace").splitlines(True)[-20:])
             raise RuntimeError(f"the {board} build failed (exit {result.returncode}); see "
                                f"{build_log}\n{tail}")
+        write_host_description(soc, folder)
         report.update(read_report(gateware / "nextpnr.json", sys_clk_freq))
         report["meets_constraint"] = report["fmax_mhz"] >= report["constraint_mhz"]
         report["bitstream"] = str(gateware / f"{BUILD_NAME}.bit")
