@@ -42,8 +42,8 @@ from .soc import NPUSoC, write_host_description
 
 
 __all__ = ["BOARDS", "CLKIN_FREQ", "SYS_CLK_FREQ", "BAUDRATE", "BUILD_NAME", "TOOLS",
-           "ULX3SCRG", "ULX3SNPUSoC", "pll_config", "tool_wrappers", "read_report", "build",
-           "main"]
+           "ULX3SCRG", "ULX3SNPUSoC", "BoardBuildError", "pll_config", "tool_wrappers",
+           "read_report", "build", "main"]
 
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -166,6 +166,10 @@ class ULX3SNPUSoC(NPUSoC):
                         sdram_phy=sdram_phy, sdram_module=module)
 
 
+class BoardBuildError(RuntimeError):
+    """A tool of the board build failed (the message says which log to read)."""
+
+
 def tool_wrappers(folder):
     """Write ``folder/yosys``, ``folder/nextpnr-ecp5`` and ``folder/ecppack``, each of which
     runs its YoWASP wheel (:data:`TOOLS`) with its arguments; returns ``folder``.
@@ -277,7 +281,7 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
                                     stdout=output, stderr=subprocess.STDOUT)
         if result.returncode != 0:
             tail = "".join(build_log.read_text(errors="replace").splitlines(True)[-20:])
-            raise RuntimeError(f"the {board} build failed (exit {result.returncode}); see "
+            raise BoardBuildError(f"the {board} build failed (exit {result.returncode}); see "
                                f"{build_log}\n{tail}")
         write_host_description(soc, folder)
         report.update(read_report(gateware / "nextpnr.json", sys_clk_freq))
@@ -313,8 +317,12 @@ def main(argv=None):
                         help="write the sources and the build script only")
     args = parser.parse_args(argv)
     sys_clk_freq = round(args.sys_clk_mhz * 1e6)
-    report = build(args.board, args.config, sys_clk_freq=sys_clk_freq, seed=args.seed,
-                   folder=args.build_dir, run=not args.no_run)
+    try:
+        report = build(args.board, args.config, sys_clk_freq=sys_clk_freq, seed=args.seed,
+                       folder=args.build_dir, run=not args.no_run)
+    except BoardBuildError as error:
+        print(f"soc.ulx3s: {error}", file=sys.stderr)
+        return 1
     if report["bitstream"] is None:
         print(f"soc.ulx3s: sources and build script in {report['gateware']} (no tools run)")
         return 0
