@@ -59,8 +59,8 @@ BOARDS = {
 REVISION = "2.0"
 #: The board's oscillator (``clk25``) in Hz.
 CLKIN_FREQ = 25_000_000
-#: The system clock in Hz: LiteX's ULX3S default, which its SDR SDRAM at 1:1 is known to work
-#: at (docs/board.md, "Building the bitstream").
+#: The system clock in Hz: LiteX-Boards' default for the ULX3S with its SDRAM at 1:1, and the
+#: simulated SoC's (docs/board.md, "Clocking").
 SYS_CLK_FREQ = 50_000_000
 #: The host link's baud rate: the FT231X's highest (:data:`sw.board.BAUDRATE`).
 BAUDRATE = 3_000_000
