@@ -1,9 +1,11 @@
-"""The SoC's address map, shared by the gateware (:mod:`soc.soc`) and the host (:mod:`sw.board`).
+"""The SoC's address map and host link, shared by the gateware (:mod:`soc.soc`,
+:mod:`soc.ulx3s`) and the host (:mod:`sw.board`).
 
 A leaf module without LiteX, so that the host side can import it cheaply.
 """
 
-__all__ = ["NPU_BASE", "DRAM_BASE", "DRAM_SIZE", "SDRAM_MODULE", "SDRAM_DATA_WIDTH"]
+__all__ = ["NPU_BASE", "DRAM_BASE", "DRAM_SIZE", "SDRAM_MODULE", "SDRAM_DATA_WIDTH",
+           "BAUDRATE"]
 
 #: Byte address of the NPU's registers (:class:`hw.isa.Reg`) on the SoC's bus.
 NPU_BASE = 0x8000_0000
@@ -15,3 +17,5 @@ SDRAM_MODULE = "MT48LC16M16"
 SDRAM_DATA_WIDTH = 16
 #: Bytes of SDRAM (16 M x 16 bits); :class:`soc.soc.NPUSoC` checks LiteDRAM agrees.
 DRAM_SIZE = 32 * 1024 * 1024
+#: The host link's baud rate on the ULX3S: its FT231X's highest (3 Mbaud).
+BAUDRATE = 3_000_000

@@ -37,7 +37,7 @@ from litex.gen import LiteXModule
 from litex.soc.cores.clock import ECP5PLL
 
 from hw.config import NPUConfig
-from .memory_map import SDRAM_DATA_WIDTH, SDRAM_MODULE
+from .memory_map import BAUDRATE, SDRAM_DATA_WIDTH, SDRAM_MODULE
 from .soc import NPUSoC, write_host_description
 
 
@@ -62,8 +62,6 @@ CLKIN_FREQ = 25_000_000
 #: The system clock in Hz: LiteX-Boards' default for the ULX3S with its SDRAM at 1:1, and the
 #: simulated SoC's (docs/board.md, "Clocking").
 SYS_CLK_FREQ = 50_000_000
-#: The host link's baud rate: the FT231X's highest (:data:`sw.board.BAUDRATE`).
-BAUDRATE = 3_000_000
 #: The name of the gateware files (``<BUILD_NAME>.bit``, ``.json``, ``.lpf``, ...).
 BUILD_NAME = "npu_soc"
 #: The tools LiteX's Trellis build script calls by name -> the YoWASP wheel's command.

@@ -32,7 +32,7 @@ from hw.config import NPUConfig
 from hw.isa import (Control, ErrorCode, INSTR_BYTES, MAGIC, Opcode, PERF_COUNTERS, Reg,
                     Status, VERSION)
 from sim.result import RunResult
-from soc.memory_map import DRAM_BASE, DRAM_SIZE, NPU_BASE
+from soc.memory_map import BAUDRATE, DRAM_BASE, DRAM_SIZE, NPU_BASE
 
 from .codec import decode, encode
 from .errors import LinkError, NPUValueError
@@ -43,8 +43,6 @@ __all__ = ["BAUDRATE", "BoardLink", "BoardNPU", "LinkStats", "relocate", "stored
            "find_description"]
 
 
-#: The UART's baud rate on the ULX3S: its FT231X's highest (3 Mbaud).
-BAUDRATE = 3_000_000
 #: Words in one burst of the UART bridge (its length field is a byte).
 BURST_WORDS = 255
 #: The environment variable that names the board's link for ``sim="board"`` (the CLI's
