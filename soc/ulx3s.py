@@ -248,6 +248,11 @@ def build(board, config, *, sys_clk_freq=SYS_CLK_FREQ, seed=1, folder=None, run=
     from litex.soc.integration.builder import Builder
 
     folder = Path(folder) if folder is not None else build_dir(board, config)
+    if run and Path("/tmp") in folder.resolve().parents:
+        # Measured: the YoWASP Yosys (0.70) answers "not found" for any file under /tmp, even
+        # with YOWASP_MOUNT naming it; say so instead of Yosys' error.
+        raise ValueError(f"the build folder {folder} is under /tmp, which the YoWASP tools "
+                         f"cannot read: build from a checkout elsewhere, or give --build-dir")
     gateware = folder / "gateware"
     started = time.monotonic()
     soc = ULX3SNPUSoC(board, config, build_dir=folder, sys_clk_freq=sys_clk_freq)
@@ -321,6 +326,9 @@ def main(argv=None):
     except BoardBuildError as error:
         print(f"soc.ulx3s: {error}", file=sys.stderr)
         return 1
+    except ValueError as error:
+        print(f"soc.ulx3s: error: {error}", file=sys.stderr)
+        return 2
     if report["bitstream"] is None:
         print(f"soc.ulx3s: sources and build script in {report['gateware']} (no tools run)")
         return 0
