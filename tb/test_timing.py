@@ -229,14 +229,19 @@ def test_slower_beats_never_predict_fewer_cycles(name, bus_width, shape):
         assert previous.cycles > base.cycles, field
 
 
+def _one_store_of_four_beats():
+    """4x4 on a 32-bit bus: a STORE of one 16-byte row (four beats, one burst), then END."""
+    words = [codec.encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=16, dram_addr=0x1000,
+                          dram_stride=16),
+             codec.encode(Opcode.END)]
+    return NPUConfig.from_name("4x4", bus_width=32), words
+
+
 def test_write_beats_at_the_interval():
     """One STORE of one row of four beats (4x4 on 32 bits, one burst): each beat after the
     first is accepted ``write_beat_cycles`` after the one before, so END's wait for the store
     grows by three times the interval less one."""
-    config = NPUConfig.from_name("4x4", bus_width=32)
-    words = [codec.encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=16, dram_addr=0x1000,
-                          dram_stride=16),
-             codec.encode(Opcode.END)]
+    config, words = _one_store_of_four_beats()
     base = predict(config, words, 0x40)
     for interval in (2, 5):
         slow = predict(config, words, 0x40, memory=Memory("w", write_beat_cycles=interval))
@@ -249,10 +254,7 @@ def test_read_beats_at_the_interval():
     is whole after the eighth beat, seven intervals after the first, which comes when it
     did (the interval spaces beats, it does not delay a command's first), so the fetch's
     stall grows by seven times the interval less one."""
-    config = NPUConfig.from_name("4x4", bus_width=32)
-    words = [codec.encode(Opcode.STORE, acc_addr=0, rows=1, row_bytes=16, dram_addr=0x1000,
-                          dram_stride=16),
-             codec.encode(Opcode.END)]
+    config, words = _one_store_of_four_beats()
     base = predict(config, words, 0x40)
     for interval in (2, 5):
         slow = predict(config, words, 0x40, memory=Memory("r", read_beat_cycles=interval))
