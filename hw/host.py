@@ -64,10 +64,17 @@ class HostInterface(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        bus = self.bus
-        config = self.config
-        ctrl = self.ctrl
+        written, soft_reset = self._writes(m)
+        irq_enable = self._program_registers(m, written)
+        irq_pending = self._interrupts(m, written, soft_reset, irq_enable)
+        self._reads(m, irq_enable, irq_pending)
+        return m
 
+    def _writes(self, m):
+        """The write channels and CONTROL's pulses; returns the write taken (its flag and
+        its address, data and strobes registered in every cycle) and the soft reset pulse."""
+        bus = self.bus
+        ctrl = self.ctrl
         # Writes: take address and data together, answer, then accept the next.
         # CONTROL's pulses come from flip-flops, in the cycle after the write is taken, and
         # the controller registers them once more (the host sits by the bus port, the
@@ -116,6 +123,13 @@ class HostInterface(wiring.Component):
         taken_strb = Signal.like(bus.wstrb, reset_less=True)
         m.d.sync += [taken_addr.eq(bus.awaddr[2:8]), taken_data.eq(bus.wdata),
                      taken_strb.eq(bus.wstrb)]
+        return (write_taken, taken_addr, taken_data, taken_strb), soft_reset
+
+    def _program_registers(self, m, written):
+        """The read-write registers, written the cycle after the write is taken; returns
+        ``IRQ_ENABLE``."""
+        ctrl = self.ctrl
+        write_taken, taken_addr, taken_data, taken_strb = written
         irq_enable = Signal(Irq.ALL.bit_length(), init=Irq.ALL)
         for reg, value in ((Reg.PROG_ADDR, ctrl.prog_addr), (Reg.PROG_LEN, ctrl.prog_len),
                            (Reg.WATCHDOG, self.watchdog_limit), (Reg.IRQ_ENABLE, irq_enable)):
@@ -123,7 +137,12 @@ class HostInterface(wiring.Component):
                 with m.If(write_taken & (taken_addr == reg >> 2) & taken_strb[lane]):
                     m.d.sync += value[8 * lane:8 * lane + 8].eq(
                         taken_data[8 * lane:8 * lane + 8])
+        return irq_enable
 
+    def _interrupts(self, m, written, soft_reset, irq_enable):
+        """``IRQ_PENDING`` and ``irq``; returns ``IRQ_PENDING``."""
+        ctrl = self.ctrl
+        write_taken, taken_addr, taken_data, taken_strb = written
         # Pending interrupts: set by the end of a program, cleared by the host (write one to
         # clear), by a run's start and by a soft reset. Only the bits of the end itself
         # (``done`` or ``error``) are set, so a clear in the same cycle loses no end; a start
@@ -139,7 +158,13 @@ class HostInterface(wiring.Component):
             m.d.sync += irq_pending.eq(0)
         m.d.comb += self.irq.eq(self._irq(irq_pending, irq_enable))
         assert Irq.DONE == 1 << 0 and Irq.ERROR == 1 << 1   # the order of Cat above
+        return irq_pending
 
+    def _reads(self, m, irq_enable, irq_pending):
+        """The read channels and the register map's two-level multiplexer."""
+        bus = self.bus
+        config = self.config
+        ctrl = self.ctrl
         # Reads: one at a time, the address registered, then the data in two steps: each
         # group of eight registers (by the address's upper bits) picks its word by the
         # lower bits into a register, and the group's word is picked from those. The
@@ -210,8 +235,6 @@ class HostInterface(wiring.Component):
                 for group, word in group_words.items():
                     with m.Case(group):
                         m.d.sync += read_data.eq(word)
-
-        return m
 
     # Hooks (tests break them in mutants).
     def _acknowledge(self, pending, written):

@@ -116,16 +116,7 @@ class NPU(wiring.Component):
                      controller.bus_timeout.eq(watchdog.expired),
                      host.core_reset.eq(soft_reset)]
 
-        # Bus traffic counters: data beats on the AXI4 master, from start to done or error.
-        read_bytes = Signal(32)
-        write_bytes = Signal(32)
-        with m.If(host.ctrl.start & ~controller.host.busy):
-            m.d.sync += [read_bytes.eq(0), write_bytes.eq(0)]
-        with m.Elif(controller.host.busy):
-            with m.If(self.m_axi.rvalid & self.m_axi.rready):
-                m.d.sync += read_bytes.eq(read_bytes + config.bus_bytes)
-            with m.If(self.m_axi.wvalid & self.m_axi.wready):
-                m.d.sync += write_bytes.eq(write_bytes + config.bus_bytes)
+        read_bytes, write_bytes = self._traffic_counters(m, host, controller)
 
         wiring.connect(m, host.ctrl, controller.host)
         wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
@@ -148,6 +139,22 @@ class NPU(wiring.Component):
             self.irq.eq(host.irq),
         ]
         return m
+
+
+    def _traffic_counters(self, m, host, controller):
+        """The bus traffic counters: data beats on the AXI4 master, in bytes, from start to
+        done or error (``Reg.PERF_READ_BYTES``, ``Reg.PERF_WRITE_BYTES``)."""
+        read_bytes = Signal(32)
+        write_bytes = Signal(32)
+        bus_bytes = self.config.bus_bytes
+        with m.If(host.ctrl.start & ~controller.host.busy):
+            m.d.sync += [read_bytes.eq(0), write_bytes.eq(0)]
+        with m.Elif(controller.host.busy):
+            with m.If(self.m_axi.rvalid & self.m_axi.rready):
+                m.d.sync += read_bytes.eq(read_bytes + bus_bytes)
+            with m.If(self.m_axi.wvalid & self.m_axi.wready):
+                m.d.sync += write_bytes.eq(write_bytes + bus_bytes)
+        return read_bytes, write_bytes
 
 
 def top_ports(component):
