@@ -9,6 +9,10 @@ actually run, instead of re-deriving its fusion rules, is what makes the NPU's r
 to onnxruntime's bit for bit: every tensor the NPU and the host compute is one that
 onnxruntime also computes, with the same quantization. (The NCHWc and NHWC layout rewrites
 of the next level, ``ORT_ENABLE_ALL``, only move the same values.)
+
+Every operator onnxruntime runs is accepted: the runtime (:mod:`sw.onnx.runtime`) gives the
+NPU the nodes it can run and runs the rest, in partitions, on onnxruntime itself, as an
+execution provider would. Each :class:`Node` keeps its ``NodeProto`` for that.
 """
 
 import os
@@ -19,7 +23,7 @@ import numpy as np
 from ..errors import NPUTypeError, NPUValueError
 
 
-__all__ = ["Node", "Graph", "load_model", "import_model", "QUANTIZED_OPS", "SUPPORTED_OPS"]
+__all__ = ["Node", "Graph", "load_model", "import_model", "QUANTIZED_OPS"]
 
 
 #: Operators that mark a model as quantized.
@@ -27,13 +31,6 @@ QUANTIZED_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
     "ConvInteger", "QGemm", "QLinearAdd", "QLinearMul", "QLinearConcat",
     "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSoftmax", "DynamicQuantizeLinear"})
-
-#: Operators the importer accepts (the runtime has a kernel for each).
-SUPPORTED_OPS = frozenset({
-    "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
-    "ConvInteger", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool", "QLinearConcat",
-    "QLinearAveragePool", "QLinearSoftmax", "MaxPool", "Flatten", "Reshape", "Transpose",
-    "Identity", "Relu", "Add", "Concat", "Squeeze", "Unsqueeze"})
 
 
 @dataclass
@@ -46,6 +43,7 @@ class Node:
     outputs: list
     attrs: dict = field(default_factory=dict)
     domain: str = ""
+    proto: object = field(default=None, repr=False, compare=False)    # onnx.NodeProto
 
 
 @dataclass
@@ -62,12 +60,17 @@ class Graph:
         ``[(name, numpy dtype, shape)]``; a symbolic dimension is a string.
     path : str
         Where the model came from.
+    opsets : dict
+        ``{domain: version}`` of the model (onnxruntime's subgraphs are built with them).
+    ir_version : int
     """
     nodes: list
     constants: dict
     inputs: list
     outputs: list
     path: str = ""
+    opsets: dict = field(default_factory=dict)
+    ir_version: int = 8
 
     def consumers(self, tensor):
         return [node for node in self.nodes if tensor in node.inputs]
@@ -77,10 +80,6 @@ class Graph:
             if tensor in node.outputs:
                 return node
         return None
-
-
-#: Float operators that onnxruntime sometimes leaves unfused in a QDQ model.
-_FLOAT_GEMMS = frozenset({"Conv", "MatMul", "Gemm", "ConvTranspose"})
 
 
 def _onnx():
@@ -132,12 +131,13 @@ def _optimize(model, path):
         return _onnx().load(target)
 
 
-_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 6: np.int32, 7: np.int64}
-
-
 def _value_info(value):
+    from onnx.helper import tensor_dtype_to_np_dtype
     tensor = value.type.tensor_type
-    dtype = _DTYPES.get(tensor.elem_type)
+    try:
+        dtype = tensor_dtype_to_np_dtype(tensor.elem_type) if tensor.elem_type else None
+    except KeyError:
+        dtype = None
     shape = tuple(dim.dim_param or (dim.dim_value if dim.HasField("dim_value") else "?")
                   for dim in tensor.shape.dim)
     return value.name, (np.dtype(dtype) if dtype else None), shape
@@ -155,8 +155,8 @@ def import_model(path, *, model=None):
     ------
     NPUValueError
         For a file that is not a valid ONNX model, a model with no quantization (quantize it
-        first, or give ``--calibrate``), or an operator the runtime does not support (the
-        message names the operator and its node).
+        first, or give ``--calibrate``), or a model onnxruntime itself cannot load (the
+        message gives onnxruntime's reason, which names the operator and its node).
     """
     from onnx import numpy_helper
     model = load_model(path) if model is None else model
@@ -175,16 +175,12 @@ def import_model(path, *, model=None):
             constants[proto.output[0]] = numpy_helper.to_array(attrs["value"])
             continue
         name = proto.name or f"{proto.op_type}_{index}"
-        if proto.op_type in _FLOAT_GEMMS:
-            raise NPUValueError(f"{path}: onnxruntime runs node {name!r} ({proto.op_type}) in "
-                                f"float32, not fused into a quantized operator; the NPU "
-                                f"runs only quantized GEMMs")
-        if proto.op_type not in SUPPORTED_OPS:
-            raise NPUValueError(f"{path}: unsupported operator {proto.op_type} (node {name!r})")
         nodes.append(Node(name, proto.op_type, list(proto.input), list(proto.output), attrs,
-                          proto.domain))
+                          proto.domain, proto))
     initializers = set(constants)
     inputs = [_value_info(v) for v in optimized.graph.input if v.name not in initializers]
     outputs = [_value_info(v) for v in optimized.graph.output]
     return Graph(nodes=nodes, constants=constants, inputs=inputs, outputs=outputs,
-                 path=os.fspath(path))
+                 path=os.fspath(path),
+                 opsets={op.domain: op.version for op in optimized.opset_import},
+                 ir_version=optimized.ir_version)

@@ -13,9 +13,9 @@ constants with a zero point of 0; each becomes a :class:`~sw.nn.quantize.QConv2D
 * the float32 requantization scale of onnxruntime, ``x_scale * w_scale / y_scale``
   (:func:`sw.onnx.kernels.requant_scale`), used by the requantizer's float32 mode.
 
-A depthwise convolution (``group == channels``) becomes a convolution whose weight is
-block-diagonal: input channel ``c`` meets output channel ``c`` only (docs/onnx.md gives its
-mapping efficiency). A ``Flatten`` between a convolution and a dense layer on the NPU is a
+A grouped convolution (``group = g``; depthwise is ``g == channels``) becomes a convolution
+whose weight is block-diagonal: the input channels of group ``i`` meet its output channels
+only (:func:`grouped_weights`; docs/onnx.md gives the mapping efficiency, ``1/g``). A ``Flatten`` between a convolution and a dense layer on the NPU is a
 free view once the dense weight rows are permuted from channel-major to NHWC order.
 """
 
@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.config import MAX_K
-from ..compiler import depthwise_weights
 from ..nn.passes import hwc_order_of_chw
 from ..nn.quantize import QConv2D, QDense, QParams
 from . import kernels as K
 
 
 __all__ = ["NodePlacement", "place_graph", "NpuGroup", "npu_groups", "to_int8", "from_int8",
-           "node_macs"]
+           "node_macs", "grouped_weights", "HOST_REASON"]
 
 
 @dataclass(frozen=True)
@@ -117,9 +116,10 @@ def _conv_reason(graph, node, shapes):
         return "it uses auto_pad"
     group = int(a.get("group", 1))
     channels = shapes.get(node.inputs[0], (None, None))[1]
-    if group != 1 and not (group == channels == w.shape[0] and w.shape[1] == 1):
-        return f"it is a grouped convolution (group = {group}) that is not depthwise"
-    k = w.shape[2] * w.shape[3] * (channels if group != 1 else w.shape[1])
+    if channels != w.shape[1] * group or w.shape[0] % group:
+        return (f"its weight {tuple(w.shape)} does not match {channels} input channels in "
+                f"{group} groups")
+    k = w.shape[2] * w.shape[3] * channels
     if k > MAX_K:
         return f"K = {k} exceeds MAX_K = {MAX_K}: the INT32 accumulator could overflow"
     return None
@@ -182,6 +182,12 @@ _CPU_REASONS = {
     "ConvInteger": "its INT32 output is not requantized: the output path always stores "
                    "through the requantizer in this runtime",
 }
+for _op in ("Conv", "MatMul", "Gemm", "ConvTranspose"):
+    _CPU_REASONS[_op] = ("onnxruntime left it in float32, not fused into a quantized operator: "
+                         "no float datapath on the array")
+
+#: Why a node without a lowering runs on the host.
+HOST_REASON = "no lowering to the array: onnxruntime runs it"
 
 
 def place_graph(graph, shapes):
@@ -194,9 +200,12 @@ def place_graph(graph, shapes):
             why_not = _conv_reason(graph, node, shapes)
             if why_not is None:
                 w = _const(graph, node, 3)
-                depthwise = int(node.attrs.get("group", 1)) != 1
-                what = (f"a depthwise {w.shape[2]}x{w.shape[3]} convolution, lowered to a "
-                        f"block-diagonal INT8 GEMM" if depthwise else
+                group = int(node.attrs.get("group", 1))
+                kind = ("depthwise" if group == w.shape[0] and w.shape[1] == 1
+                        else f"grouped (group = {group})")
+                what = (f"a {kind} {w.shape[2]}x{w.shape[3]} convolution, lowered to a "
+                        f"block-diagonal INT8 GEMM (1/{group} of its products are the "
+                        f"group's)" if group != 1 else
                         f"a {w.shape[2]}x{w.shape[3]} convolution is an INT8 GEMM (implicit "
                         f"im2col by the strided DMA)")
                 placements.append(NodePlacement(node.name, node.op_type, "npu",
@@ -214,7 +223,7 @@ def place_graph(graph, shapes):
         else:
             why_not = None
         reason = (f"cannot run on the array: {why_not}" if why_not is not None
-                  else _CPU_REASONS.get(node.op_type, "no lowering to the array"))
+                  else _CPU_REASONS.get(node.op_type, HOST_REASON))
         placements.append(NodePlacement(node.name, node.op_type, "cpu", reason, macs))
     return placements
 
@@ -304,6 +313,20 @@ def _permuted_dense(op, perm):
                    sources=op.sources + ("flatten view: rows permuted to NHWC order",))
 
 
+def grouped_weights(weight, group):
+    """The HWIO weights (``KH x KW x C x M``) of a convolution in ``group`` groups whose ONNX
+    weight is ``weight`` (``M x C/group x KH x KW``): block-diagonal, input channel block
+    ``g`` meets output channel block ``g`` only (a depthwise convolution is the case
+    ``group == C == M``). With ``group == 1`` it is the plain transpose."""
+    out_channels, per_group, kh, kw = weight.shape
+    hwio = np.zeros((kh, kw, per_group * group, out_channels), np.int8)
+    block = out_channels // group
+    for g in range(group):
+        hwio[:, :, g * per_group:(g + 1) * per_group, g * block:(g + 1) * block] = \
+            weight[g * block:(g + 1) * block].transpose(2, 3, 1, 0)
+    return hwio
+
+
 def lower_node(graph, node, shapes):
     """The :class:`~sw.nn.quantize.QConv2D` or :class:`~sw.nn.quantize.QDense` of an NPU
     node, with ``scale`` (float32 per output channel) for the float32 requantizer."""
@@ -313,12 +336,7 @@ def lower_node(graph, node, shapes):
         bias = c[8] if len(c) > 8 and c[8] is not None else np.zeros(w.shape[0], np.int32)
         _, channels, height, width = shapes[node.inputs[0]]
         _, out_channels, out_h, out_w = shapes[node.outputs[0]]
-        if int(node.attrs.get("group", 1)) != 1:
-            # (C, 1, KH, KW) -> KH x KW x C, then the block-diagonal HWIO.
-            hwio = depthwise_weights(np.ascontiguousarray(w[:, 0].transpose(1, 2, 0))
-                                     .astype(np.int8))
-        else:
-            hwio = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).astype(np.int8)
+        hwio = grouped_weights(w, int(node.attrs.get("group", 1)))
         scale = K.requant_scale(x_scale, w_scale, y_scale)
         scale = np.broadcast_to(scale, (out_channels,)).astype(np.float32)
         return QConv2D(name=node.name, sources=(node.name,), weight=hwio,

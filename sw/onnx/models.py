@@ -13,8 +13,8 @@ from ..errors import NPUValueError
 
 
 __all__ = ["MODELS", "mlp", "residual_block", "mobilenet_block", "concat_pool_softmax",
-           "digits_cnn", "build",
-           "quantize", "QUANT_FORMATS", "calibration_data"]
+           "grouped_block", "matmul_bias", "digits_cnn", "build",
+           "quantize", "QUANT_FORMATS", "CALIBRATION_BATCH", "calibration_data"]
 
 
 #: ``quantize_static``'s formats, by the names the CLI and the tests use.
@@ -127,6 +127,41 @@ def concat_pool_softmax(rng, channels=3, branch=4, size=8, classes=10):
     return _model(nodes, inits, (channels, size, size), (classes,)), (channels, size, size)
 
 
+def grouped_block(rng, channels=8, size=8, group=2, classes=10):
+    """Convolutions in groups, as AlexNet's (group 2) and ShuffleNet's (group 4): a 3x3
+    Conv -> Relu -> a 3x3 Conv in ``group`` groups -> Relu -> a 1x1 Conv in ``group``
+    groups, GlobalAveragePool, Flatten, Gemm."""
+    inits = [("w0", _he(rng, (channels, 3, 3, 3), 27)),
+             ("b0", (rng.standard_normal(channels) * 0.1).astype(np.float32)),
+             ("w1", _he(rng, (2 * channels, channels // group, 3, 3), 9 * channels // group)),
+             ("b1", (rng.standard_normal(2 * channels) * 0.1).astype(np.float32)),
+             ("w2", _he(rng, (channels, 2 * channels // group, 1, 1), 2 * channels // group)),
+             ("b2", (rng.standard_normal(channels) * 0.1).astype(np.float32)),
+             ("wd", _he(rng, (classes, channels), channels)),
+             ("bd", (rng.standard_normal(classes) * 0.1).astype(np.float32))]
+    nodes = [_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             _node("Relu", ["c0"], ["r0"]),
+             _node("Conv", ["r0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], group=group),
+             _node("Relu", ["c1"], ["r1"]),
+             _node("Conv", ["r1", "w2", "b2"], ["c2"], group=group),
+             _node("Relu", ["c2"], ["r2"]), _node("GlobalAveragePool", ["r2"], ["g"]),
+             _node("Flatten", ["g"], ["f"]), _node("Gemm", ["f", "wd", "bd"], ["y"], transB=1)]
+    return _model(nodes, inits, (3, size, size), (classes,)), (3, size, size)
+
+
+def matmul_bias(rng, features=24, classes=33):
+    """``MatMul`` then an ``Add`` of a bias vector (broadcast from ``(classes,)``), then Relu
+    and a second MatMul + Add: a GEMM with bias written as two nodes, as many exporters do."""
+    inits = [("w0", _he(rng, (features, classes), features)),
+             ("b0", (rng.standard_normal(classes) * 0.1).astype(np.float32)),
+             ("w1", _he(rng, (classes, classes), classes)),
+             ("b1", (rng.standard_normal(classes) * 0.1).astype(np.float32))]
+    nodes = [_node("MatMul", ["x", "w0"], ["m0"]), _node("Add", ["m0", "b0"], ["a0"]),
+             _node("Relu", ["a0"], ["r0"]), _node("MatMul", ["r0", "w1"], ["m1"]),
+             _node("Add", ["m1", "b1"], ["y"])]
+    return _model(nodes, inits, (features,), (classes,)), (features,)
+
+
 def digits_cnn(rng=None, *, network=None):
     """The project's digits CNN (conv-relu-conv-bn-relu-flatten-dense), trained by
     :func:`sw.nn.train.train_digits` (seed 0) unless ``network`` is given, with its
@@ -177,7 +212,8 @@ def digits_cnn(rng=None, *, network=None):
 
 
 MODELS = {"mlp": mlp, "residual": residual_block, "mobilenet": mobilenet_block,
-          "concat_pool_softmax": concat_pool_softmax, "digits": digits_cnn}
+          "concat_pool_softmax": concat_pool_softmax, "grouped": grouped_block,
+          "matmul_bias": matmul_bias, "digits": digits_cnn}
 
 
 def build(name, seed=0):
@@ -193,14 +229,60 @@ def calibration_data(input_shape, samples=32, seed=1):
     return rng.standard_normal((samples, *input_shape)).astype(np.float32)
 
 
+#: Samples per calibration batch for a model whose batch dimension is symbolic.
+CALIBRATION_BATCH = 8
+
+
+def _calibration_input(model, shape):
+    """``(name, batch)`` of the one input of ``model`` (an ``onnx.ModelProto``) that
+    calibration data of ``shape`` feeds: ``batch`` is the model's fixed batch size, or None
+    when it is symbolic. Refuses a model with other than one input (its graph inputs that
+    are not initializers), and data that hold no sample, do not fit the input or hold fewer
+    samples than its fixed batch."""
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = [value for value in model.graph.input if value.name not in initializers]
+    if len(inputs) != 1:
+        raise NPUValueError(f"calibration feeds one input, but the model has {len(inputs)}"
+                            f"{': ' + ', '.join(v.name for v in inputs) if inputs else ''}")
+    name = inputs[0].name
+    if not shape or shape[0] == 0:
+        raise NPUValueError(f"the calibration data hold no sample (shape {shape})")
+    tensor = inputs[0].type.tensor_type
+    if not tensor.HasField("shape"):
+        return name, None           # no shape declared: onnxruntime checks the samples
+    dims = [dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
+            for dim in tensor.shape.dim]
+    shown = "x".join("N" if d is None else str(d) for d in dims) or "a scalar"
+    if len(shape) != len(dims) or any(d is not None and d != s
+                                      for d, s in zip(dims[1:], shape[1:])):
+        raise NPUValueError(f"the samples ({'x'.join(map(str, shape))}) do not fit the "
+                            f"model's input {name!r} ({shown}, batch first)")
+    if dims[0] is not None and shape[0] < dims[0]:
+        raise NPUValueError(f"the model's input {name!r} ({shown}) takes {dims[0]} samples "
+                            f"at a time, but there are only {shape[0]}")
+    return name, dims[0]
+
+
 def quantize(float_model, target, calibration, *, fmt="qdq", per_channel=True,
              reduce_range=True, activation_type="int8"):
     """Quantize ``float_model`` (a ModelProto or a path) into the file ``target`` with
     onnxruntime's ``quantize_static`` and ``calibration`` (float32, batch first).
 
+    The samples go to the model's one input by its own name. A model whose batch dimension
+    is a fixed integer B takes them B at a time: at least B samples are needed, and a
+    remainder of fewer than B is not used; a model with a symbolic batch takes them
+    :data:`CALIBRATION_BATCH` at a time.
+
     ``reduce_range=True`` (7-bit weights) is onnxruntime's advice for x86 CPUs without
     VNNI: their u8 x s8 kernels saturate pairs of products at 16 bits otherwise, and the
     result is then not the exact one the NPU computes (docs/onnx.md).
+
+    Raises
+    ------
+    NPUValueError
+        For a bad ``fmt`` or ``activation_type``, a model with other than one input, or
+        calibration data whose shape does not fit the input (or that holds fewer samples
+        than the fixed batch).
     """
     import os
     import tempfile
@@ -213,12 +295,18 @@ def quantize(float_model, target, calibration, *, fmt="qdq", per_channel=True,
     if activation_type not in types:
         raise NPUValueError(f"activation_type must be one of {sorted(types)}, not "
                             f"{activation_type!r}")
+    model = float_model if isinstance(float_model, onnx.ModelProto) \
+        else onnx.load(os.fspath(float_model), load_external_data=False)
+    name, fixed = _calibration_input(model, np.shape(calibration))
     calibration = np.asarray(calibration, dtype=np.float32)
+    batch = fixed or CALIBRATION_BATCH
+    # A fixed batch takes only whole batches; a symbolic one also the last, shorter one.
+    count = len(calibration) - len(calibration) % batch if fixed else len(calibration)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.batches = iter([{"x": calibration[i:i + 8]}
-                                 for i in range(0, len(calibration), 8)])
+            self.batches = iter([{name: calibration[i:i + batch]}
+                                 for i in range(0, count, batch)])
 
         def get_next(self):
             return next(self.batches, None)

@@ -1,11 +1,12 @@
 """Running an imported ONNX graph: NPU groups as programs on a backend, the rest on the host.
 
-:func:`run_model` walks the graph in order. A node placed on the CPU runs its numpy kernel
-(:mod:`sw.onnx.cpu`); the first node of an NPU group (:func:`sw.onnx.lower.npu_groups`) runs
-the whole group as ONE program built by :mod:`sw.nn.program` (weights, biases, requantization
-scales and the activation arena in one DRAM image, the group's layers back to back, no host
-round trip between them), on the instruction-level model or the RTL under Verilator or
-Icarus. ``sim="cpu"`` runs every node on the host: onnxruntime's arithmetic, the reference.
+:func:`run_model` walks the graph in order. The first node of an NPU group
+(:func:`sw.onnx.lower.npu_groups`) runs the whole group as ONE program built by
+:mod:`sw.nn.program` (weights, biases, requantization scales and the activation arena in one
+DRAM image, the group's layers back to back, no host round trip between them), on the
+instruction-level model, the RTL under Verilator or Icarus, the simulated SoC or the board.
+The host nodes between two groups run as one onnxruntime session (:mod:`sw.onnx.host`).
+``sim="cpu"`` runs every node on the host: onnxruntime alone, the reference.
 """
 
 import time
@@ -15,7 +16,7 @@ import numpy as np
 
 from hw.config import NPUConfig
 from ..errors import NPURunError, NPUTypeError, NPUValueError
-from .cpu import run_node
+from .host import HostPartition, host_partitions, probe
 from .lower import from_int8, npu_groups, place_graph, to_int8
 
 
@@ -31,6 +32,7 @@ class ModelRun:
     outputs: dict                        # {output name: array}, in the graph's order
     placements: list                     # NodePlacement per node
     groups: list                         # NpuGroup, in order
+    partitions: list = field(default_factory=list)      # HostPartition, in order
     npu_macs: int = 0
     cpu_macs: int = 0
     cycle_counts: list = field(default_factory=list)    # per NPU program
@@ -39,6 +41,12 @@ class ModelRun:
     programs: int = 0
     instructions: int = 0
     seconds: float = 0.0
+
+    @property
+    def npu_share(self):
+        """The fraction of the model's multiply-accumulates the NPU ran (0 without any)."""
+        total = self.npu_macs + self.cpu_macs
+        return self.npu_macs / total if total else 0.0
 
     @property
     def cycles(self):
@@ -66,22 +74,14 @@ def check_input(graph, x):
         raise NPUValueError(f"input {name!r} holds no sample")
 
 
-def _values(graph, x):
-    values = dict(graph.constants)
-    values[graph.inputs[0][0]] = x
-    values[""] = None
-    return values
-
-
 def infer_shapes(graph, x):
-    """``{tensor: shape}`` from a host run of the first sample (any batch size follows)."""
-    values = _values(graph, x[:1])
-    for node in graph.nodes:
-        for name, value in zip(node.outputs, run_node(node, values)):
-            values[name] = value
+    """``{tensor: shape}`` of every tensor, from an onnxruntime run of the first sample (any
+    batch size follows: a computed tensor's first dimension is the batch's)."""
     batch = len(x)
-    return {name: (batch,) + tuple(np.shape(v))[1:] if name not in graph.constants
-            and np.ndim(v) else tuple(np.shape(v)) for name, v in values.items() if name}
+    shapes = {name: tuple(np.shape(value)) for name, value in graph.constants.items()}
+    for name, (_, shape) in probe(graph, x[:1]).items():
+        shapes[name] = (batch,) + tuple(shape)[1:] if shape else tuple(shape)
+    return shapes
 
 
 def _group_input(group, value):
@@ -142,6 +142,23 @@ def _run_group(group, value, config, sim, batch, run):
     return _group_output(group, np.concatenate(pieces), samples)
 
 
+def _steps(graph, groups, inside):
+    """The run's order: NPU groups (at their first node) and the host partitions between
+    them."""
+    steps, host = [], []
+    for node in graph.nodes:
+        if node.name in groups:
+            if host:
+                steps.append(HostPartition(host))
+                host = []
+            steps.append(groups[node.name])
+        elif node.name not in inside:
+            host.append(node)
+    if host:
+        steps.append(HostPartition(host))
+    return host_partitions(graph, steps)
+
+
 def run_model(graph, x, *, config, sim="model", batch=64):
     """Run ``graph`` on the input batch ``x``.
 
@@ -169,29 +186,33 @@ def run_model(graph, x, *, config, sim="model", batch=64):
                             f"one")
     check_input(graph, x)
     started = time.perf_counter()
-    shapes = infer_shapes(graph, x)
+    types = probe(graph, x[:1])
+    shapes = {name: tuple(np.shape(value)) for name, value in graph.constants.items()}
+    shapes.update({name: (len(x),) + tuple(shape)[1:] if shape else tuple(shape)
+                   for name, (_, shape) in types.items()})
     placements = place_graph(graph, shapes)
     if sim == "cpu":
-        placements = [p.__class__(p.node, p.op_type, "cpu", "sim='cpu': the host runs "
+        placements = [p.__class__(p.node, p.op_type, "cpu", "sim='cpu': onnxruntime runs "
                                   "everything", p.macs) for p in placements]
     groups, inside = npu_groups(graph, placements, shapes)
-    run = ModelRun(outputs={}, placements=placements, groups=list(groups.values()))
+    steps = _steps(graph, groups, inside)
+    ranks = {name: (dtype, len(shape)) for name, (dtype, shape) in types.items()}
+    run = ModelRun(outputs={}, placements=placements, groups=list(groups.values()),
+                   partitions=[s for s in steps if isinstance(s, HostPartition)])
     for p in placements:
         if p.device == "npu":
             run.npu_macs += p.macs
         else:
             run.cpu_macs += p.macs
-    values = _values(graph, x)
-    for node in graph.nodes:
-        if node.name in groups:
-            group = groups[node.name]
-            values[group.output] = _run_group(group, values[group.input], config, sim,
-                                              batch, run)
-            continue
-        if node.name in inside:
-            continue
-        for name, value in zip(node.outputs, run_node(node, values)):
-            values[name] = value
-    run.outputs = {name: values[name] for name, _, _ in graph.outputs}
+    values = {graph.inputs[0][0]: x}
+    for step in steps:
+        if isinstance(step, HostPartition):
+            if step.outputs:
+                step.build(graph, ranks)
+                step.run(values)
+        else:
+            values[step.output] = _run_group(step, values[step.input], config, sim, batch, run)
+    run.outputs = {name: values[name] if name in values else np.asarray(graph.constants[name])
+                   for name, _, _ in graph.outputs}
     run.seconds = time.perf_counter() - started
     return run
