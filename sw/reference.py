@@ -1,6 +1,13 @@
-"""The exact results the NPU must return, computed plainly with numpy: the references of
-:func:`sw.driver.gemm`, :func:`sw.driver.qgemm` and :func:`sw.conv.conv2d` (re-exported from
-those modules)."""
+"""The exact results the NPU must return, computed plainly with numpy: the one reference of
+GEMM and convolution in the project. :func:`sw.driver.gemm`, :func:`sw.driver.qgemm`,
+:func:`sw.conv.conv2d` (re-exported from those modules) and the quantized networks'
+operators (:mod:`sw.nn.reference`, which the ONNX front end lowers to) are checked against it.
+
+INT32 overflow: every sum is taken in INT64 and then wrapped to INT32 with two's complement
+(:func:`wrap_int32`), because that is what the hardware's accumulator does. A model whose
+sums leave the INT32 range is wrong on the NPU and in this reference alike, in the same way;
+the compiler keeps K at most :data:`hw.config.MAX_K`, where INT8 x INT8 products cannot
+overflow, and only a bias can push a sum out of range."""
 
 import numpy as np
 
@@ -9,8 +16,8 @@ from .operands import check_conv2d_operands, check_qgemm_operands
 from .quant import requantize, requantize_float
 
 
-__all__ = ["INT32_MIN", "INT32_MAX", "wrap_int32", "reference_requantize", "reference_gemm",
-           "reference_qgemm", "reference_conv2d"]
+__all__ = ["INT32_MIN", "INT32_MAX", "wrap_int32", "gemm_int32", "conv2d_int32",
+           "reference_requantize", "reference_gemm", "reference_qgemm", "reference_conv2d"]
 
 
 INT32_MIN = -(1 << 31)
@@ -22,6 +29,42 @@ def wrap_int32(values):
     return ((np.asarray(values, dtype=np.int64) - INT32_MIN) % (1 << 32) + INT32_MIN).astype(
         np.int32)
 
+
+
+def gemm_int32(a, b, bias=None, a_zero_point=0):
+    """The accumulators of ``(a - a_zero_point) @ b + bias`` (wrapped to INT32)."""
+    acc = (np.asarray(a).astype(np.int64) - a_zero_point) @ np.asarray(b).astype(np.int64)
+    if bias is not None:
+        acc += np.asarray(bias).astype(np.int64)
+    return wrap_int32(acc)
+
+
+def conv2d_int32(x, w, bias=None, *, stride=1, padding=0, pad_value=0, in_zero_point=0):
+    """The accumulators of a 2-D convolution (wrapped to INT32), as the array sums them.
+
+    ``x`` is ``batch x H x W x C`` (NHWC), ``w`` is ``KH x KW x C x C_out`` (HWIO); the
+    border is ``padding`` pixels (an int, or ``(top, bottom, left, right)``) of
+    ``pad_value``, and ``in_zero_point`` is subtracted from every input (the border
+    included) before the products.
+    """
+    x = np.asarray(x)
+    w = np.asarray(w)
+    top, bottom, left, right = (padding,) * 4 if np.isscalar(padding) else padding
+    padded = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)),
+                    constant_values=pad_value)
+    centred = padded.astype(np.int64) - in_zero_point
+    kernel_h, kernel_w = w.shape[:2]
+    out_h = (padded.shape[1] - kernel_h) // stride + 1
+    out_w = (padded.shape[2] - kernel_w) // stride + 1
+    acc = np.zeros((x.shape[0], out_h, out_w, w.shape[3]), dtype=np.int64)
+    for kh in range(kernel_h):
+        for kw in range(kernel_w):
+            window = centred[:, kh:kh + stride * (out_h - 1) + 1:stride,
+                             kw:kw + stride * (out_w - 1) + 1:stride, :]
+            acc += window @ w[kh, kw].astype(np.int64)
+    if bias is not None:
+        acc += np.asarray(bias).astype(np.int64)
+    return wrap_int32(acc)
 
 
 def reference_requantize(acc, multiplier, shift, scale, out_zero_point, act_min, act_max):
@@ -57,9 +100,8 @@ def reference_qgemm(A, B, bias, multiplier=None, shift=None, *, scale=None, out_
     """
     _, out_zero_point, act_min, act_max, a_zero_point = check_qgemm_operands(
         A, B, bias, multiplier, shift, scale, out_zero_point, act_min, act_max, a_zero_point)
-    acc = (A.astype(np.int64) - a_zero_point) @ B.astype(np.int64) + bias.astype(np.int64)
-    return reference_requantize(wrap_int32(acc), multiplier, shift, scale, out_zero_point,
-                                act_min, act_max)
+    return reference_requantize(gemm_int32(A, B, bias, a_zero_point), multiplier, shift, scale,
+                                out_zero_point, act_min, act_max)
 
 
 def reference_conv2d(x, w, bias, multiplier=None, shift=None, *, scale=None, stride=1,
@@ -79,17 +121,7 @@ def reference_conv2d(x, w, bias, multiplier=None, shift=None, *, scale=None, str
     geometry, _, in_zero_point, out_zero_point, act_min, act_max = check_conv2d_operands(
         x, w, bias, multiplier, shift, scale, stride, padding, in_zero_point, out_zero_point,
         act_min, act_max)
-    g = geometry
-    top, bottom, left, right = g.padding
-    padded = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)),
-                    constant_values=in_zero_point)
-    centred = padded.astype(np.int64) - in_zero_point
-    acc = np.zeros((g.batch, g.out_height, g.out_width, g.out_channels), dtype=np.int64)
-    for kh in range(g.kernel_height):
-        for kw in range(g.kernel_width):
-            window = centred[:, kh:kh + g.stride * (g.out_height - 1) + 1:g.stride,
-                             kw:kw + g.stride * (g.out_width - 1) + 1:g.stride, :]
-            acc += window @ w[kh, kw].astype(np.int64)
-    acc += bias.astype(np.int64)
-    return reference_requantize(wrap_int32(acc), multiplier, shift, scale, out_zero_point,
-                                act_min, act_max)
+    acc = conv2d_int32(x, w, bias, stride=geometry.stride, padding=geometry.padding,
+                       pad_value=in_zero_point, in_zero_point=in_zero_point)
+    return reference_requantize(acc, multiplier, shift, scale, out_zero_point, act_min,
+                                act_max)

@@ -632,3 +632,20 @@ def test_demo_reports_a_mismatch(tmp_path, monkeypatch):
     with pytest.raises(DemoMismatch, match="stage\\(s\\) a, b, c, c'"):
         run_demo(sim="model", batch=256, out=report)
     assert "**NOT** equal to the INT8 reference" in report.read_text()
+
+
+def test_reference_wraps_on_int32_overflow_as_the_accumulator(trained):
+    """One reference, one overflow behaviour: a dense operator whose sums leave INT32 wraps
+    in sw.nn.reference exactly as sw.reference (and the hardware, tb/test_qgemm.py) do."""
+    from dataclasses import replace
+    from sw.reference import INT32_MAX, gemm_int32, wrap_int32
+    _, _, _, qnet = trained
+    op = next(op for op in qnet.gemm_ops() if op.kind == "dense")
+    op = replace(op, bias=np.full(op.n, INT32_MAX - 10, np.int32), input=replace(
+        op.input, zero_point=0))
+    x = np.tile(np.where(op.gemm_weight[:, 0] < 0, -127, 127).astype(np.int8), (2, 1))
+    exact = x.astype(np.int64) @ op.gemm_weight.astype(np.int64) + op.bias.astype(np.int64)
+    assert exact.max() > INT32_MAX                                  # it does overflow
+    got = dense_int32(x, op)
+    np.testing.assert_array_equal(got, wrap_int32(exact))
+    np.testing.assert_array_equal(got, gemm_int32(x, op.gemm_weight, op.bias))

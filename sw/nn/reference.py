@@ -3,14 +3,16 @@
 Each GEMM operator computes what the NPU computes, in the same way: the INT8 input (a
 convolution's border padded with the input zero point), an INT32 product with the INT8
 weights, plus the accumulator bias :attr:`~sw.nn.quantize.QConv2D.acc_bias`, requantized by
-:func:`sw.quant.requantize`. The NPU's INT8 outputs must equal these bit for bit.
+:func:`sw.quant.requantize`. The NPU's INT8 outputs must equal these bit for bit. The
+accumulators come from the project's one GEMM and convolution reference,
+:mod:`sw.reference`, and wrap on INT32 overflow as the hardware does.
 """
 
 import numpy as np
 
 from ..errors import NPUTypeError, NPUValueError
-from ..quant import INT32_MAX, INT32_MIN, requantize
-from .graph import im2col
+from ..quant import requantize
+from .. import reference
 
 
 __all__ = ["conv2d_int32", "dense_int32", "run_op", "run_reference", "predict"]
@@ -22,28 +24,18 @@ def _check_int8(name, x):
                            f"{getattr(x, 'dtype', type(x).__name__)}")
 
 
-def _to_int32(name, acc):
-    if np.any(acc < INT32_MIN) or np.any(acc > INT32_MAX):
-        raise NPUValueError(f"{name}: an accumulator leaves the INT32 range")
-    return acc.astype(np.int32)
-
-
 def conv2d_int32(x, op):
     """INT32 accumulators of a :class:`~sw.nn.quantize.QConv2D` on the INT8 NHWC batch ``x``:
     ``im2col(x, border = input zero point) @ weight + acc_bias``."""
     _check_int8("x", x)
-    kernel_h, kernel_w = op.kernel
-    columns = im2col(x, kernel_h, kernel_w, op.stride, op.padding,
-                     pad_value=op.input.zero_point)
-    acc = columns.astype(np.int64) @ op.gemm_weight.astype(np.int64) + op.acc_bias
-    return _to_int32(op.name, acc)
+    return reference.conv2d_int32(x, op.weight, op.acc_bias, stride=op.stride,
+                                  padding=op.padding, pad_value=op.input.zero_point)
 
 
 def dense_int32(x, op):
     """INT32 accumulators of a :class:`~sw.nn.quantize.QDense` on ``x`` (batch x features)."""
     _check_int8("x", x)
-    acc = x.astype(np.int64) @ op.gemm_weight.astype(np.int64) + op.acc_bias
-    return _to_int32(op.name, acc)
+    return reference.gemm_int32(x, op.gemm_weight, op.acc_bias)
 
 
 def run_op(op, x):
