@@ -43,7 +43,7 @@ from hw.config import NPUConfig
 from hw.isa import MAGIC, PERF_COUNTERS, Control, ErrorCode, Reg, Status
 from . import dram as hdl_dram
 from .axi_checker import RULE_TEXT, Rule
-from .bench_top import CLOCK_NS, DRAM_MODELS, dram_from_env
+from .bench_top import CLOCK_NS, DRAM_MODELS, backpressure_from_env, dram_from_env
 
 
 __all__ = ["TB", "Dram", "HDLDramModel", "AxiCheck", "Backpressure", "ProgramOutcome",
@@ -57,17 +57,6 @@ FAULT_POISON = 0xEE
 def config_from_env():
     """The :class:`NPUConfig` the runner built this simulation for."""
     return NPUConfig.from_json(os.environ["NPU_CONFIG"])
-
-
-def backpressure_from_env():
-    """The seed in ``NPU_BACKPRESSURE``, or ``None`` when it is unset or empty."""
-    value = os.environ.get("NPU_BACKPRESSURE", "").strip()
-    if not value:
-        return None
-    try:
-        return int(value, 0)
-    except ValueError:
-        raise ValueError(f"NPU_BACKPRESSURE must be an integer seed, not {value!r}") from None
 
 
 class Backpressure:

@@ -33,7 +33,8 @@ from .axi_checker import AXI4Checker, Rule
 from .dram import DramControlSignature, HDLDram
 
 
-__all__ = ["CLOCK_NS", "DRAM_MODELS", "dram_from_env", "NPUBench", "generate_bench_verilog"]
+__all__ = ["CLOCK_NS", "DRAM_MODELS", "dram_from_env", "backpressure_from_env", "NPUBench",
+           "generate_bench_verilog"]
 
 
 #: The clock period of every simulation, in ns.
@@ -49,6 +50,19 @@ def dram_from_env():
     if value not in DRAM_MODELS:
         raise ValueError(f"NPU_DRAM must be one of {', '.join(DRAM_MODELS)}, not {value!r}")
     return value
+
+
+def backpressure_from_env():
+    """The seed in ``NPU_BACKPRESSURE`` (:class:`sim.bench.Backpressure`), or ``None`` when it
+    is unset or empty. Here, beside :func:`dram_from_env`, so that the ``npu`` command can
+    check both before it runs anything, without importing cocotb."""
+    value = os.environ.get("NPU_BACKPRESSURE", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value, 0)
+    except ValueError:
+        raise ValueError(f"NPU_BACKPRESSURE must be an integer seed, not {value!r}") from None
 
 
 class NPUBench(wiring.Component):

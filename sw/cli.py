@@ -17,6 +17,11 @@
     npu gemm --m 64 --k 64 --n 64 --config 2x2 --sim soc       (the simulated LiteX SoC)
     npu board probe --port /dev/ttyUSB0                (the board's NPU and config)
 
+``--out`` follows numpy's naming (``C`` writes ``C.npy``; several ONNX outputs go to one
+``.npz``; the reports name the file written), must not be one of the input files, and is
+checked, like the sizes, the input files and the simulators' environment (``NPU_DRAM``,
+``NPU_BACKPRESSURE``), before anything runs.
+
 Bad input ends with a one-line ``npu: error: ...`` on stderr and exit status 2; a GEMM that is
 not bit-exact (with the numpy reference: ``reference_gemm`` / ``reference_qgemm``), or a
 program that stopped with an error, exits with status 1.
@@ -24,6 +29,8 @@ program that stopped with an error, exits with status 1.
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 
@@ -35,7 +42,8 @@ from .compiler import SCHEDULES
 from .errors import BackendUnavailable, LinkError, NPUError, NPURunError, NPUValueError
 
 
-__all__ = ["main"]
+__all__ = ["main", "load_npy", "output_file", "save_npy", "check_gemm_shape",
+           "positive_int"]
 
 
 #: Exit status for bad input (as argparse uses).
@@ -52,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _positive_int(text):
+def positive_int(text):
     try:
         value = int(text)
     except ValueError:
@@ -107,9 +115,9 @@ def _build_parser():
     def add_config_arguments(command):
         command.add_argument("--config", type=_config_name, default="8x8",
                              help="array size RxC (default 8x8)")
-        command.add_argument("--spad-depth", type=_positive_int, default=None,
+        command.add_argument("--spad-depth", type=positive_int, default=None,
                              help="scratchpad rows (default: NPUConfig's)")
-        command.add_argument("--acc-depth", type=_positive_int, default=None,
+        command.add_argument("--acc-depth", type=positive_int, default=None,
                              help="accumulator rows (default: NPUConfig's)")
         command.add_argument("--bus-width", type=int, choices=BUS_WIDTHS, default=None,
                              help="AXI4 data width in bits (default: 8 x rows rounded up to a "
@@ -127,12 +135,14 @@ def _build_parser():
                                   "under build/board)")
 
     gemm = commands.add_parser("gemm", help="run C = A @ B and compare it with numpy")
-    gemm.add_argument("--m", type=_positive_int, help="rows of A and C (random mode)")
-    gemm.add_argument("--k", type=_positive_int, help="columns of A, rows of B (random mode)")
-    gemm.add_argument("--n", type=_positive_int, help="columns of B and C (random mode)")
+    gemm.add_argument("--m", type=positive_int, help="rows of A and C (random mode)")
+    gemm.add_argument("--k", type=positive_int, help="columns of A, rows of B (random mode)")
+    gemm.add_argument("--n", type=positive_int, help="columns of B and C (random mode)")
     gemm.add_argument("--a", metavar="A.npy", help="int8 matrix A (instead of random)")
     gemm.add_argument("--b", metavar="B.npy", help="int8 matrix B (instead of random)")
-    gemm.add_argument("--out", metavar="C.npy", help="write the int32 result here")
+    gemm.add_argument("--out", metavar="C.npy",
+                      help="write the int32 result here (.npy is appended to a name without "
+                           "it, as numpy.save does; not one of the input files)")
     add_config_arguments(gemm)
     gemm.add_argument("--sim", choices=SIMULATORS, default="verilator",
                       help="backend (default verilator)")
@@ -143,13 +153,13 @@ def _build_parser():
 
     plan = commands.add_parser(
         "plan", help="tile a GEMM and predict its cost, without simulating")
-    plan.add_argument("--m", type=_positive_int, required=True, help="rows of A and C")
-    plan.add_argument("--k", type=_positive_int, required=True, help="columns of A, rows of B")
-    plan.add_argument("--n", type=_positive_int, required=True, help="columns of B and C")
+    plan.add_argument("--m", type=positive_int, required=True, help="rows of A and C")
+    plan.add_argument("--k", type=positive_int, required=True, help="columns of A, rows of B")
+    plan.add_argument("--n", type=positive_int, required=True, help="columns of B and C")
     add_config_arguments(plan)
-    plan.add_argument("--rows", type=_positive_int, default=None,
+    plan.add_argument("--rows", type=positive_int, default=None,
                       help="PE rows (with --cols, instead of --config)")
-    plan.add_argument("--cols", type=_positive_int, default=None,
+    plan.add_argument("--cols", type=positive_int, default=None,
                       help="PE columns (with --rows, instead of --config)")
     plan.add_argument("--schedule", choices=SCHEDULES, default="auto",
                       help="compiler schedule (default auto)")
@@ -163,9 +173,9 @@ def _build_parser():
     qgemm = commands.add_parser(
         "qgemm", help="run Y = requantize((A - za) @ B + bias) in INT8 and compare it with "
                       "numpy")
-    qgemm.add_argument("--m", type=_positive_int, help="rows of A and Y (random mode)")
-    qgemm.add_argument("--k", type=_positive_int, help="columns of A, rows of B (random mode)")
-    qgemm.add_argument("--n", type=_positive_int, help="columns of B and Y (random mode)")
+    qgemm.add_argument("--m", type=positive_int, help="rows of A and Y (random mode)")
+    qgemm.add_argument("--k", type=positive_int, help="columns of A, rows of B (random mode)")
+    qgemm.add_argument("--n", type=positive_int, help="columns of B and Y (random mode)")
     for option, what in _QGEMM_FILES:
         qgemm.add_argument(f"--{option}", metavar=f"{option.upper()}.npy", help=what)
     qgemm.add_argument("--out-zero-point", type=_int8, metavar="Z",
@@ -176,7 +186,9 @@ def _build_parser():
                        help="upper clamp of Y (required with files; random mode: 127)")
     qgemm.add_argument("--a-zero-point", type=_int8, default=0, metavar="ZA",
                        help="zero point of A (default 0)")
-    qgemm.add_argument("--out", metavar="Y.npy", help="write the int8 result here")
+    qgemm.add_argument("--out", metavar="Y.npy",
+                       help="write the int8 result here (.npy is appended to a name without "
+                            "it, as numpy.save does; not one of the input files)")
     add_config_arguments(qgemm)
     qgemm.add_argument("--sim", choices=SIMULATORS, default="verilator",
                        help="backend (default verilator)")
@@ -201,7 +213,7 @@ def _build_parser():
     add_config_arguments(demo)
     demo.add_argument("--sim", choices=SIMULATORS, default="verilator",
                       help="backend (default verilator)")
-    demo.add_argument("--batch", type=_positive_int, default=64,
+    demo.add_argument("--batch", type=positive_int, default=64,
                       help="test images per NPU program (default 64)")
     demo.add_argument("--out", default="docs/demo.md", metavar="FILE",
                       help="report to write (default docs/demo.md)")
@@ -253,28 +265,157 @@ def _config_from(arguments):
 NPY_MAGIC = b"\x93NUMPY"
 
 
-def _load_matrix(option, path):
+def load_npy(option, path):
+    """The array in the ``.npy`` file ``path``, given as ``option`` (for messages).
+
+    The header is read first and the size it claims checked against the file's length, so a
+    damaged or hand-made header (a huge shape over a few bytes of data) is refused with one
+    line instead of a ``MemoryError`` or a short read; NumPy's own reader then loads the
+    array, without pickles.
+
+    Raises
+    ------
+    NPUValueError
+        If the file is missing, unreadable, not a ``.npy`` file, or shorter than its header
+        says.
+    """
     try:
         with open(path, "rb") as file:
             magic = file.read(len(NPY_MAGIC))
+            if magic != NPY_MAGIC:
+                # np.load would try other formats and blame pickling; say what is wrong.
+                raise NPUValueError(f"{option} {path}: not a .npy file (it does not start "
+                                    f"with the NumPy magic string); save the array with "
+                                    f"numpy.save")
+            file.seek(0)
+            shape, dtype, data_bytes = _npy_header(option, path, file)
     except FileNotFoundError:
         raise NPUValueError(f"{option} {path}: no such file") from None
     except OSError as error:
         raise NPUValueError(f"{option} {path}: cannot be read ({error.strerror})") from None
-    if magic != NPY_MAGIC:
-        # np.load would try other formats and blame pickling; say what is wrong instead.
-        raise NPUValueError(f"{option} {path}: not a .npy file (it does not start with the "
-                            f"NumPy magic string); save the matrix with numpy.save")
+    if dtype.hasobject:
+        raise NPUValueError(f"{option} {path}: not a valid .npy file here (it holds pickled "
+                            f"Python objects, {dtype}, which are not loaded)")
+    claimed = math.prod(shape) * dtype.itemsize
+    if claimed > data_bytes:
+        shown = "x".join(map(str, shape)) or "a scalar"
+        raise NPUValueError(f"{option} {path}: not a valid .npy file: its header claims "
+                            f"{shown} {dtype} ({claimed:,} bytes), but the file holds "
+                            f"{data_bytes:,} bytes of data (truncated or damaged)")
     try:
-        matrix = np.load(path, allow_pickle=False)
+        array = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as error:
         raise NPUValueError(f"{option} {path}: not a valid .npy file ({error})") from None
-    if not isinstance(matrix, np.ndarray):
-        # np.load returns an NpzFile for .npz archives.
-        if hasattr(matrix, "close"):
-            matrix.close()
-        raise NPUValueError(f"{option} {path}: not a .npy file holding one array")
-    return matrix
+    return array
+
+
+def _npy_header(option, path, file):
+    """``(shape, dtype, bytes of data after the header)`` of the open ``.npy`` ``file``."""
+    from numpy.lib import format as npy_format
+    try:
+        version = npy_format.read_magic(file)
+        # Versions 2.0 and 3.0 differ from 1.0 only in the header's length field (3.0 also
+        # in its text encoding, which does not matter for the fields read here).
+        read = npy_format.read_array_header_1_0 if version == (1, 0) \
+            else npy_format.read_array_header_2_0
+        shape, _, dtype = read(file)
+    except Exception as error:      # numpy's parser of the header's text raises many kinds
+        raise NPUValueError(f"{option} {path}: not a valid .npy file (bad header: "
+                            f"{type(error).__name__}: {error})") from None
+    return shape, dtype, os.fstat(file.fileno()).st_size - file.tell()
+
+
+def output_file(option, path, suffix, inputs, what="the result is one array"):
+    """The file ``--out path`` will write, after checking it before anything runs.
+
+    The rule, as numpy's own writers have it: a name that ends in ``suffix`` (``.npy`` for
+    one array, ``.npz`` for an archive of several) is written as given, any other name gets
+    ``suffix`` appended (``C`` writes ``C.npy``, as ``numpy.save`` does), except a name ending
+    in the other of the two suffixes, which would name a file of the wrong kind and is
+    refused. The reports name the file actually written.
+
+    Parameters
+    ----------
+    option : str
+        The option's name, for messages.
+    path : str
+        What the user gave.
+    suffix : str
+        ``".npy"`` or ``".npz"``.
+    inputs : dict
+        ``{option: path}`` of the command's input files (None: not given); the output must be
+        none of them.
+    what : str
+        What is written, as a clause for messages (``"the model has 2 outputs (a, b)"``).
+
+    Returns
+    -------
+    str
+        The path to write.
+
+    Raises
+    ------
+    NPUValueError
+        For a name of the wrong kind, a missing or unwritable directory, a directory given as
+        the file, or a file that is one of the inputs.
+    """
+    other = {".npy": ".npz", ".npz": ".npy"}[suffix]
+    if path.lower().endswith(other):
+        raise NPUValueError(f"{option} {path}: {what}, written to a {suffix} file; give a "
+                            f"name ending in {suffix}")
+    target = path if path.lower().endswith(suffix) else path + suffix
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
+        raise NPUValueError(f"{option} {path}: no such directory {os.path.dirname(target)}")
+    if os.path.isdir(target):
+        raise NPUValueError(f"{option} {path}: is a directory; give a file name")
+    if not os.access(folder, os.W_OK):
+        raise NPUValueError(f"{option} {path}: cannot write into {folder} (permission "
+                            f"denied)")
+    for name, source in inputs.items():
+        if source is not None and os.path.exists(target) and os.path.exists(source) \
+                and os.path.samefile(target, source):
+            raise NPUValueError(f"{option} {path}: is the input file {name} {source}; give "
+                                f"another file")
+    return target
+
+
+def save_npy(option, target, array):
+    """Write ``array`` to the checked path ``target`` (:func:`output_file`): to exactly that
+    file (numpy.save, given a name, would append ``.npy`` to ``C.NPY``)."""
+    try:
+        with open(target, "wb") as file:
+            np.save(file, array, allow_pickle=False)
+    except OSError as error:
+        raise NPUValueError(f"{option} {target}: cannot write ({error.strerror})") from None
+
+
+def check_gemm_shape(m, k, n, *, quantized=False):
+    """Refuse a GEMM shape that ``npu gemm`` (or ``qgemm``) refuses, before anything is
+    allocated or planned: ``npu plan`` and the random modes call it with the sizes given.
+
+    The checks are the driver's own: :func:`sw.operands.check_gemm_operands` (K at most
+    :data:`hw.config.MAX_K`) on zero-stride stand-ins for A and B, which take no memory, and
+    the DRAM layout of the operands with an empty program
+    (:func:`sw.driver.layout_dram`, or :func:`sw.driver.layout_regions` for the quantized
+    GEMM's INT8 output), which must fit in the 4 GiB a 32-bit address reaches.
+
+    Raises
+    ------
+    NPUValueError
+        With the message ``npu gemm`` gives for the same shape.
+    """
+    from .driver import layout_dram, layout_regions
+    from .operands import check_gemm_operands
+    zero = np.int8(0)
+    check_gemm_operands(np.broadcast_to(zero, (m, k)), np.broadcast_to(zero, (k, n)))
+    if quantized:
+        # A lower bound of sw.driver.prepare_qgemm's layout: its bias and quantization
+        # parameters (12 bytes per column) are left out.
+        layout_regions(0, [("a", m * k), ("b", k * n), ("y", m * n)],
+                       what=f"a {m}x{k} @ {k}x{n} quantized GEMM")
+    else:
+        layout_dram(m, k, n, instructions=0)
 
 
 def _operands(arguments):
@@ -286,9 +427,10 @@ def _operands(arguments):
         if any(value is not None for value in shape_given):
             raise NPUValueError("--m, --k and --n cannot be combined with --a and --b "
                                 "(the shape comes from the matrices)")
-        return _load_matrix("--a", arguments.a), _load_matrix("--b", arguments.b), None
+        return load_npy("--a", arguments.a), load_npy("--b", arguments.b), None
     if any(value is None for value in shape_given):
         raise NPUValueError("--m, --k and --n are required unless --a and --b are given")
+    check_gemm_shape(*shape_given)
     rng = np.random.default_rng(arguments.seed)
     # endpoint=True: the full INT8 range, -128 and 127 included.
     a = rng.integers(-128, 127, size=(arguments.m, arguments.k), dtype=np.int8, endpoint=True)
@@ -303,6 +445,8 @@ def _run_gemm(arguments):
     from .timing import predict_gemm
 
     config = _config_from(arguments)
+    out = None if arguments.out is None else output_file(
+        "--out", arguments.out, ".npy", {"--a": arguments.a, "--b": arguments.b})
     a, b, seed = _operands(arguments)
     started = time.perf_counter()
     result = gemm(a, b, config=config, sim=arguments.sim, schedule=arguments.schedule)
@@ -317,11 +461,8 @@ def _run_gemm(arguments):
     mismatches = int(np.count_nonzero(result.c != expected))
     bit_exact = mismatches == 0
     wall = time.perf_counter() - started
-    if arguments.out is not None:
-        try:
-            np.save(arguments.out, result.c, allow_pickle=False)
-        except OSError as error:
-            raise NPUValueError(f"--out {arguments.out}: cannot write ({error})") from None
+    if out is not None:
+        save_npy("--out", out, result.c)
 
     plan = result.plan
     report = {
@@ -335,7 +476,7 @@ def _run_gemm(arguments):
         "block_rows": plan.block_rows, "schedule": plan.schedule,
         "tile_fill": plan.tile_fill, "dram_bytes_read": plan.dram_bytes_read,
         "dram_bytes_written": plan.dram_bytes_written, "seed": seed,
-        "instructions": result.instructions, "out": arguments.out,
+        "instructions": result.instructions, "out": out,
         "bus_width": config.bus_width, "mapping_efficiency": plan.mapping_efficiency,
         "group_tiles": plan.group_tiles, "counters": result.perf, "wall_seconds": wall,
         "link": result.link,
@@ -387,12 +528,13 @@ def _qgemm_operands(arguments):
         if missing:
             raise NPUValueError(f"{', '.join(missing)} required with operand files")
         operands = {option if option not in ("a", "b") else option.upper():
-                    _load_matrix(f"--{option}", path) for option, path in files.items()}
+                    load_npy(f"--{option}", path) for option, path in files.items()}
         return dict(operands, a_zero_point=arguments.a_zero_point, **requantization), None
     if any(value is None for value in shape_given):
         raise NPUValueError("--m, --k and --n are required unless the operand files --a, --b, "
                             "--bias, --multiplier and --shift are given")
     m, k, n = shape_given
+    check_gemm_shape(m, k, n, quantized=True)
     rng = np.random.default_rng(arguments.seed)
     a = rng.integers(-128, 127, size=(m, k), dtype=np.int8, endpoint=True)
     b = rng.integers(-128, 127, size=(k, n), dtype=np.int8, endpoint=True)
@@ -416,16 +558,16 @@ def _run_qgemm(arguments):
     from .reference import reference_qgemm
 
     config = _config_from(arguments)
+    out = None if arguments.out is None else output_file(
+        "--out", arguments.out, ".npy",
+        {f"--{option}": getattr(arguments, option) for option, _ in _QGEMM_FILES})
     operands, seed = _qgemm_operands(arguments)
     result = qgemm(**operands, config=config, sim=arguments.sim, schedule=arguments.schedule)
     expected = reference_qgemm(**operands)
     mismatches = int(np.count_nonzero(result.y != expected))
     bit_exact = mismatches == 0
-    if arguments.out is not None:
-        try:
-            np.save(arguments.out, result.y, allow_pickle=False)
-        except OSError as error:
-            raise NPUValueError(f"--out {arguments.out}: cannot write ({error})") from None
+    if out is not None:
+        save_npy("--out", out, result.y)
 
     plan = result.plan
     m, k = operands["A"].shape
@@ -440,7 +582,7 @@ def _run_qgemm(arguments):
         "block_rows": plan.block_rows, "schedule": plan.schedule,
         "tile_fill": plan.tile_fill, "dram_bytes_read": plan.dram_bytes_read,
         "dram_bytes_written": plan.dram_bytes_written, "seed": seed,
-        "instructions": result.instructions, "out": arguments.out,
+        "instructions": result.instructions, "out": out,
         "a_zero_point": operands["a_zero_point"],
         "out_zero_point": operands["out_zero_point"], "act_min": operands["act_min"],
         "act_max": operands["act_max"], "link": result.link,
@@ -567,6 +709,7 @@ def _run_plan(arguments):
     from .timing import memory_for, predict_gemm
 
     config = _config_from(arguments)
+    check_gemm_shape(arguments.m, arguments.k, arguments.n)
     plan = plan_gemm(config, arguments.m, arguments.k, arguments.n,
                      schedule=arguments.schedule)
     pes = config.rows * config.cols
@@ -649,6 +792,7 @@ def main(argv=None):
                 "onnx": _run_onnx, "board": _run_board}
     _board_environment(arguments)
     try:
+        _check_environment()
         return handlers[arguments.command](arguments)
     except (NPURunError, BackendUnavailable, LinkError) as error:
         _report(error)
@@ -656,6 +800,39 @@ def main(argv=None):
     except NPUError as error:
         _report(error)
         return EXIT_USAGE
+    except MemoryError:
+        # The sizes are checked against the NPU's limits first; this is the machine's.
+        _report(f"not enough memory on this machine for npu {arguments.command} with these "
+                f"sizes")
+        return EXIT_USAGE
+
+
+#: The environment variables of the RTL simulations (:mod:`sim.bench_top`), checked when the
+#: command starts.
+SIM_ENVIRONMENT = ("NPU_DRAM", "NPU_BACKPRESSURE")
+
+
+def _check_environment():
+    """Refuse a bad ``NPU_DRAM`` or ``NPU_BACKPRESSURE`` before anything runs, with the
+    simulation's own readers (:func:`sim.bench_top.dram_from_env`,
+    :func:`sim.bench_top.backpressure_from_env`), instead of a traceback from deep inside a
+    simulation, or a failed simulation, minutes later.
+
+    The simulation package is imported only when one of the variables is set, so commands
+    that simulate nothing start no slower; without it nothing reads them."""
+    if not any(os.environ.get(name, "").strip() for name in SIM_ENVIRONMENT):
+        return
+    try:
+        from sim.bench_top import backpressure_from_env, dram_from_env
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] not in ("sim", "hw", "amaranth"):
+            raise
+        return
+    for read in (dram_from_env, backpressure_from_env):
+        try:
+            read()
+        except ValueError as error:
+            raise NPUValueError(str(error)) from None
 
 
 def _board_environment(arguments):

@@ -26,6 +26,8 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(commands, add_config_arguments):
+    """Add the ``onnx`` command to the ``npu`` parser's ``commands``."""
+    from ..cli import positive_int
     command = commands.add_parser(
         "onnx", help="run a quantized ONNX model (QDQ or QOperator) on the NPU")
     command.add_argument("model", metavar="MODEL.onnx", help="the model")
@@ -33,11 +35,15 @@ def add_parser(commands, add_config_arguments):
                          help="the model's first input, in its dtype (float32 for QDQ); any "
                               "batch size")
     command.add_argument("--out", metavar="Y.npy",
-                         help="write the output (several outputs: an .npz)")
+                         help="write the output: one output to Y.npy, several to one Y.npz "
+                              "archive (by their names); the suffix is appended to a name "
+                              "without it, as numpy.save and numpy.savez do; not one of the "
+                              "input files")
     add_config_arguments(command)
     command.add_argument("--sim", choices=("model", "verilator", "icarus", "soc", "board"),
                          default="model", help="where the NPU groups run (default model)")
-    command.add_argument("--batch", type=int, default=64, help="samples per NPU program")
+    command.add_argument("--batch", type=positive_int, default=64,
+                         help="samples per NPU program (default 64)")
     command.add_argument("--check", action="store_true",
                          help="also run onnxruntime (CPU) and require equal outputs")
     command.add_argument("--json", action="store_true", help="print one JSON object")
@@ -45,19 +51,12 @@ def add_parser(commands, add_config_arguments):
                          help="print placement, NPU groups and DRAM plan; run nothing")
     command.add_argument("--calibrate", metavar="DATA.npy",
                          help="the model is float: quantize it first with onnxruntime's "
-                              "quantize_static on these samples")
+                              "quantize_static on these samples (float32, batch first; a "
+                              "model with a fixed batch B takes them B at a time, and a "
+                              "remainder of fewer than B samples is not used)")
     command.add_argument("--format", choices=("qdq", "qoperator"), default="qdq",
                          help="quantization format for --calibrate (default qdq)")
     return command
-
-
-def _load_npy(option, path):
-    if not os.path.isfile(path):
-        raise NPUValueError(f"{option} {path}: no such file")
-    try:
-        return np.load(path, allow_pickle=False)
-    except Exception as error:
-        raise NPUValueError(f"{option} {path}: not a .npy array ({error})") from None
 
 
 def _placeholder_input(graph):
@@ -105,29 +104,58 @@ def _print_plan(report, batch):
             print(f"  0x{region['addr']:08x} {region['bytes']:>9} B  {name}")
 
 
+def _quantized(arguments, folder):
+    """Quantize the float model ``arguments.model`` with ``--calibrate``'s samples into
+    ``folder``; the quantized file's path. Errors name the user's files, never the temporary
+    one."""
+    from ..cli import load_npy
+    from .models import quantize
+    data = load_npy("--calibrate", arguments.calibrate)
+    target = os.path.join(folder, "quantized.onnx")
+    try:
+        quantize(arguments.model, target, data, fmt=arguments.format)
+    except NPUValueError as error:
+        raise NPUValueError(f"--calibrate {arguments.calibrate}: {error}") from None
+    except Exception as error:          # onnxruntime's and onnx's own exception types
+        text = str(error).strip().splitlines()
+        raise NPUValueError(f"{arguments.model}: onnxruntime's quantize_static failed: "
+                            f"{text[0] if text else type(error).__name__}") from None
+    return target
+
+
 def run(arguments, config):
-    """The ``onnx`` command; returns the exit status."""
-    from .graph import import_model
+    """The ``onnx`` command; returns the exit status.
+
+    Every file is checked before anything runs: the model, ``--input``, ``--calibrate`` and
+    ``--out`` (its directory; ``.npy`` for a model with one output, ``.npz`` for several, by
+    :func:`sw.cli.output_file`'s rule; none of the inputs). Errors name the user's model
+    file, also after ``--calibrate`` quantized it into a temporary one.
+    """
+    from ..cli import load_npy, output_file, save_npy
+    from .graph import import_model, load_model
     from .runtime import run_model
-    path = arguments.model
+    model = load_model(arguments.model)
+    out = None
+    if arguments.out:
+        names = [value.name for value in model.graph.output]
+        several = len(names) > 1
+        out = output_file(
+            "--out", arguments.out, ".npz" if several else ".npy",
+            {"MODEL.onnx": arguments.model, "--input": arguments.input,
+             "--calibrate": arguments.calibrate},
+            what=f"the model has {len(names)} outputs ({', '.join(names)})" if several
+            else "the model has one output")
+    x = load_npy("--input", arguments.input) if arguments.input else None
+    if x is None and not arguments.plan:
+        raise NPUValueError("--input X.npy is required (or --plan)")
     with tempfile.TemporaryDirectory() as folder:
+        path = arguments.model
         if arguments.calibrate:
-            from .graph import load_model
-            from .models import quantize
-            load_model(path)
-            data = _load_npy("--calibrate", arguments.calibrate)
-            target = os.path.join(folder, "quantized.onnx")
-            try:
-                quantize(path, target, data, fmt=arguments.format)
-            except NPUValueError:
-                raise
-            except Exception as error:
-                raise NPUValueError(f"{path}: onnxruntime's quantize_static failed: "
-                                    f"{str(error).splitlines()[0] if str(error) else error}") \
-                    from None
-            path = target
-        graph = import_model(path)
-        x = _load_npy("--input", arguments.input) if arguments.input else None
+            import onnx
+            path = _quantized(arguments, folder)
+            model = onnx.load(path)
+        # The user's path, for messages, whichever file holds the model.
+        graph = import_model(arguments.model, model=model)
         if arguments.plan:
             x = _placeholder_input(graph) if x is None else x
             from .runtime import check_input
@@ -138,23 +166,30 @@ def run(arguments, config):
             else:
                 _print_plan(report, len(x))
             return 0
-        if x is None:
-            raise NPUValueError("--input X.npy is required (or --plan)")
         run_result = run_model(graph, x, config=config, sim=arguments.sim,
                                batch=arguments.batch)
         verdict = None
         if arguments.check:
-            expected = _onnxruntime_outputs(path, x, graph.inputs[0][0])
+            try:
+                expected = _onnxruntime_outputs(path, x, graph.inputs[0][0])
+            except Exception as error:      # onnxruntime's own exception types
+                text = str(error).strip().splitlines()
+                raise NPUValueError(f"{arguments.model}: onnxruntime (--check) failed: "
+                                    f"{text[0] if text else type(error).__name__}") from None
             verdict = {name: bool(value.dtype == expected[name].dtype
                                   and value.shape == expected[name].shape
                                   and np.array_equal(value, expected[name]))
                        for name, value in run_result.outputs.items()}
-    if arguments.out:
+    if out is not None:
         outputs = run_result.outputs
         if len(outputs) == 1:
-            np.save(arguments.out, next(iter(outputs.values())))
+            save_npy("--out", out, next(iter(outputs.values())))
         else:
-            np.savez(arguments.out, **outputs)
+            try:
+                with open(out, "wb") as file:       # exactly the file checked
+                    np.savez(file, **outputs)
+            except OSError as error:
+                raise NPUValueError(f"--out {out}: cannot write ({error.strerror})") from None
     passed = verdict is None or all(verdict.values())
     if arguments.json:
         print(json.dumps({
@@ -166,7 +201,7 @@ def run(arguments, config):
             "cycles": run_result.cycles, "cycles_predicted": run_result.cycles_predicted,
             "counters": run_result.counters,
             "programs": run_result.programs, "instructions": run_result.instructions,
-            "check": verdict, "passed": passed}, indent=1))
+            "check": verdict, "passed": passed, "out": out}, indent=1))
     else:
         npu = sum(p.device == "npu" for p in run_result.placements)
         print(f"{arguments.model}: {len(x)} samples, {npu} of {len(run_result.placements)} "
