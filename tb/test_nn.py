@@ -20,10 +20,11 @@ from sw.nn.graph import (Argmax, BatchNorm, Conv2D, Dense, Flatten, MaxPool2D, N
 from sw.nn.memory import BufferPlan, TensorLife, overlaps, plan_buffers
 from sw.nn.passes import (flatten_as_view, fold_batchnorm, fuse_activations,
                           hwc_order_of_chw, prepare)
-from sw.nn.placement import place
+from sw.ir.grouping import HostStep, schedule
+from sw.ir.placement import place as place_graph
+from sw.nn.lower import network_graph
 from sw.nn.program import (LOWERINGS, activation_buffers,
-                           build_fused_program, build_layer_program, npu_chain,
-                           program_traffic)
+                           build_fused_program, build_layer_program, program_traffic)
 from sw.nn.quantize import QParams, quantize_network, quantize_weights, unfuse_relu
 from sw.nn.reference import conv2d_int32, dense_int32, predict, run_reference
 from sw.nn.runtime import run_network
@@ -33,6 +34,18 @@ from sw.quant import requantize
 
 
 TRAIN_SEED = 0
+
+
+def place(qnet):
+    """The graph core's placement of a quantized network."""
+    return place_graph(network_graph(qnet))
+
+
+def npu_groups(qnet):
+    """The NPU groups of a quantized network's run (the core's grouper)."""
+    graph = network_graph(qnet)
+    return [step for step in schedule(graph, place_graph(graph))
+            if not isinstance(step, HostStep)]
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +355,7 @@ def test_maxpool_on_int8_commutes_with_quantization():
     qnet = quantize_network(network, x)
     outputs = run_reference(qnet, x)
     assert np.array_equal(outputs["pool"], MaxPool2D("p", 2).forward(outputs["c"]))
-    placements = {p.op: p.device for p in place(qnet, NPUConfig())}
+    placements = {p.node: p.device for p in place(qnet)}
     assert placements == {"quantize": "cpu", "c": "npu", "pool": "cpu", "f": "cpu",
                           "d": "npu", "s": "cpu", "a": "cpu"}
 
@@ -351,9 +364,9 @@ def test_maxpool_on_int8_commutes_with_quantization():
 
 def test_placement_and_reasons(trained):
     _, _, _, qnet = trained
-    placements = place(qnet, NPUConfig.from_name("8x8"))
-    by_name = {p.op: p for p in placements}
-    assert [p.op for p in placements] == [op.name for op in qnet.ops]
+    placements = place(qnet)
+    by_name = {p.node: p for p in placements}
+    assert [p.node for p in placements] == [op.name for op in qnet.ops]
     assert {name: p.device for name, p in by_name.items()} == {
         "quantize": "cpu", "conv1": "npu", "conv2": "npu", "flatten": "cpu", "dense": "npu",
         "softmax": "cpu", "argmax": "cpu"}
@@ -366,10 +379,8 @@ def test_placement_and_reasons(trained):
     assert "free view" in by_name["flatten"].reason
     assert "float" in by_name["softmax"].reason
     assert "not a matmul" in by_name["argmax"].reason
-    unfused = {p.op: p for p in place(unfuse_relu(qnet), NPUConfig())}
+    unfused = {p.node: p for p in place(unfuse_relu(qnet))}
     assert unfused["conv1.relu"].device == "cpu" and "unfused" in unfused["conv1.relu"].reason
-    with pytest.raises(NPUTypeError, match="config must be an NPUConfig"):
-        place(qnet, "8x8")
 
 
 def test_placement_sends_an_overlong_reduction_to_the_cpu():
@@ -378,7 +389,7 @@ def test_placement_sends_an_overlong_reduction_to_the_cpu():
     network = Network((1, features, 1), [Flatten("f"),
                                           Dense("d", rng.standard_normal((features, 2)) * 1e-3)])
     qnet = quantize_network(network, rng.random((2, 1, features, 1)))
-    dense = {p.op: p for p in place(qnet, NPUConfig())}["d"]
+    dense = {p.node: p for p in place(qnet)}["d"]
     assert dense.device == "cpu" and "exceeds MAX_K" in dense.reason
 
 
@@ -462,13 +473,15 @@ def run_model(config, image):
 def test_one_program_is_bit_exact(trained, config_name, lowering):
     _, data, _, qnet = trained
     config = NPUConfig.from_name(config_name)
-    chain = npu_chain(qnet, place(qnet, config))
-    assert [op.name for op in chain.ops] == ["conv1", "conv2", "dense"]
-    assert [op.name for op in chain.before] == ["quantize"]
-    assert [op.name for op in chain.after] == ["softmax", "argmax"]
+    graph = network_graph(qnet)
+    steps = schedule(graph, place_graph(graph))
+    assert [step.names for step in steps] == [["quantize"], ["conv1", "conv2", "flatten",
+                                                             "dense"], ["softmax", "argmax"]]
+    group = steps[1]
+    assert [op.name for op in group.ops] == ["conv1", "conv2", "dense"]
     x = data.x_test[:37]                     # not a multiple of anything
     reference = run_reference(qnet, x)
-    image = build_fused_program(config, chain.ops, reference["quantize"], lowering=lowering)
+    image = build_fused_program(config, group.ops, reference["quantize"], lowering=lowering)
     assert sum(codec_opcode(word) == "END" for word in image.words) == 1   # ONE program
     result = run_model(config, image)
     assert np.array_equal(image.read(result.dram).reshape(37, 10), reference["dense"])
@@ -492,7 +505,8 @@ def test_layer_programs_are_bit_exact(trained):
     reference = run_reference(qnet, data.x_test[:20])
     unfused = run_reference(unfuse_relu(qnet), data.x_test[:20])
     x = reference["quantize"]
-    for op in npu_chain(qnet, place(qnet, config)).ops:
+    (group,) = npu_groups(qnet)
+    for op in group.ops:
         image = build_layer_program(config, op, x)
         output = image.read(run_model(config, image).dram)
         assert np.array_equal(output.reshape(reference[op.name].shape), reference[op.name])
@@ -506,7 +520,7 @@ def test_layer_programs_are_bit_exact(trained):
 def test_buffers_and_plan_of_the_one_program(trained):
     _, _, _, qnet = trained
     config = NPUConfig()
-    chain = npu_chain(qnet, place(qnet, config))
+    (chain,) = npu_groups(qnet)
     buffers = activation_buffers(chain.ops, 8)
     assert {name: (b.padded_height, b.padded_width, b.channels, b.padding, b.zero_point)
             for name, b in buffers.items()} == {
@@ -555,14 +569,19 @@ def test_kernel_row_lowering_uses_fewer_weight_tiles(trained):
     assert rows.instructions < taps.instructions
 
 
-def test_a_cpu_operator_inside_the_chain_is_refused():
+def test_a_cpu_operator_inside_the_chain_splits_it():
+    """A max-pool between a convolution and a dense layer runs on the host: two NPU
+    programs per batch, the result still the INT8 reference's."""
     rng = np.random.default_rng(7)
     network = Network((4, 4, 1), [
         Conv2D("c", rng.standard_normal((3, 3, 1, 4)), padding=1, activation="relu"),
         MaxPool2D("pool", 2), Flatten("f"), Dense("d", rng.standard_normal((16, 3)))])
-    qnet = quantize_network(network, rng.random((4, 4, 4, 1)))
-    with pytest.raises(NPUValueError, match=r"\['pool'\] run on the CPU between them"):
-        npu_chain(qnet, place(qnet, NPUConfig()))
+    x = rng.random((6, 4, 4, 1))
+    qnet = quantize_network(network, x)
+    assert [group.names for group in npu_groups(qnet)] == [["c"], ["d"]]
+    result = run_network(qnet, x, config=NPUConfig(), batch=4)
+    assert result.programs == 4 and result.batches == 2
+    np.testing.assert_array_equal(result.logits, run_reference(qnet, x)["d"])
 
 
 def test_run_network_modes_agree(trained):

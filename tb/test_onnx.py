@@ -14,7 +14,8 @@ from sw.cli import main
 from sw.errors import NPUError, NPUTypeError, NPUValueError
 from sw.onnx import models
 from sw.onnx.graph import import_model
-from sw.onnx.lower import _CPU_REASONS, place_graph
+from sw.ir.placement import place
+from sw.onnx.lower import _CPU_REASONS, to_graph
 from sw.onnx.runtime import infer_shapes, run_model
 from onnx_helpers import constant, model, run_ort
 
@@ -89,7 +90,7 @@ def test_concat_pool_softmax_equals_onnxruntime(quantized, fmt, act, sim):
     assert got.dtype == expected.dtype and got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
     assert len(np.unique(got)) > 20                  # probabilities, not one saturated value
-    placements = place_graph(graph, infer_shapes(graph, x))
+    placements = place(to_graph(graph, infer_shapes(graph, x)))
     devices = {p.op_type: (p.device, p.reason) for p in placements}
     assert devices["QLinearConcat"] == ("cpu", _CPU_REASONS["QLinearConcat"])
     assert {devices[op][0] for op in ("QLinearAveragePool", "QLinearSoftmax")} == {"cpu"}
@@ -106,7 +107,7 @@ def test_float_conv_left_by_onnxruntime_runs_on_the_host(quantized, name):
     np.testing.assert_array_equal(run.outputs["y"], _onnxruntime(path, x))
     floats = [p for p in run.placements if p.op_type == "Conv"]
     assert floats and {(p.device, p.reason) for p in floats} == {("cpu", _CPU_REASONS["Conv"])}
-    assert run.partitions and all(partition.session is not None
+    assert run.partitions and all(partition.runner is not None
                                   for partition in run.partitions)
 
 

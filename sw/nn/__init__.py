@@ -6,7 +6,7 @@
 * :mod:`sw.nn.passes`    BatchNorm folding, ReLU fusion, flatten as a free view
 * :mod:`sw.nn.quantize`  post-training INT8 quantization with calibration
 * :mod:`sw.nn.reference` the exact INT8 reference executor
-* :mod:`sw.nn.placement` NPU or CPU for each operator, with the reason
+* :mod:`sw.nn.lower`     the quantized network as the graph core's graph (:mod:`sw.ir`)
 * :mod:`sw.nn.memory`    DRAM buffer planning with reuse (greedy interval colouring)
 * :mod:`sw.nn.program`   DRAM images and programs: one per layer, or the whole chain in one
 * :mod:`sw.nn.runtime`   running batches on a backend, with the host's transfers counted

@@ -16,7 +16,8 @@ import numpy as np
 
 from hw.config import NPUConfig
 from ..errors import NPUError, NPUTypeError
-from .placement import place
+from ..ir.placement import place
+from .lower import network_graph
 from .quantize import quantize_network
 from .reference import run_reference
 from .runtime import run_network
@@ -89,7 +90,7 @@ def run_demo(sim="verilator", batch=64, out="docs/demo.md", *, config=None, seed
     logits_name = qnet.logits_op.name
     reference_classes = np.argmax(reference[logits_name], axis=-1)
     int8_accuracy = accuracy(reference_classes, data.y_test)
-    placements = place(qnet, config)
+    placements = place(network_graph(qnet, len(data.x_test)))
 
     stages, mismatches = [], []
     runs = {}
@@ -162,8 +163,8 @@ def run_demo(sim="verilator", batch=64, out="docs/demo.md", *, config=None, seed
         "bit_exact": not mismatches, "mismatched_stages": mismatches,
         "cpu_float_seconds": float_seconds, "cpu_int8_reference_seconds": reference_seconds,
         "notes": list(qnet.notes),
-        "placements": [{"op": p.op, "kind": p.kind, "device": p.device, "reason": p.reason,
-                        "sources": list(p.sources)} for p in placements],
+        "placements": [{"op": p.node, "kind": p.op_type, "device": p.device,
+                        "reason": p.reason, "sources": list(p.sources)} for p in placements],
         "quantization": [{"name": op.name, "input_scale": op.input.scale,
                           "input_zero_point": op.input.zero_point,
                           "output_scale": op.output.scale,

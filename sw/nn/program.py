@@ -40,11 +40,9 @@ from ..compiler import (LOWERINGS, Conv2dGeometry, check_lowering, compile_conv2
 from ..driver import DRAM_GRANULE, POISON, PROGRAM_ADDR, REGION_ALIGN
 from ..errors import NPUValueError
 from .memory import TensorLife, plan_buffers
-from .quantize import NPU_KINDS
 
 
-__all__ = ["ActivationBuffer", "LOWERINGS", "NpuChain", "npu_chain",
-           "activation_buffers", "fused_lifetimes", "NetworkImage", "build_fused_program",
+__all__ = ["ActivationBuffer", "LOWERINGS", "activation_buffers", "fused_lifetimes", "NetworkImage", "build_fused_program",
            "build_layer_program", "program_traffic"]
 
 
@@ -130,38 +128,6 @@ class ActivationBuffer:
             self.batch, self.padded_height, self.padded_width, self.channels)
         p = self.padding
         return full[:, p:p + self.height, p:p + self.width].copy()
-
-
-@dataclass(frozen=True)
-class NpuChain:
-    """The NPU operators of a network, in order, with the CPU operators around them."""
-    before: tuple     # CPU operators before the first NPU operator
-    ops: tuple        # NPU operators (only flatten views between them)
-    after: tuple      # CPU operators after the last NPU operator
-
-
-def npu_chain(qnet, placements):
-    """Split ``qnet`` into CPU prologue, NPU chain and CPU epilogue.
-
-    Raises
-    ------
-    NPUValueError
-        If the NPU operators are not consecutive (a CPU operator other than a flatten view
-        between two of them would need a host round trip in the middle of the program).
-    """
-    device = {placement.op: placement.device for placement in placements}
-    npu_indices = [index for index, op in enumerate(qnet.ops) if device[op.name] == "npu"]
-    if not npu_indices:
-        raise NPUValueError("no operator of the network is placed on the NPU")
-    first, last = npu_indices[0], npu_indices[-1]
-    inner = qnet.ops[first:last + 1]
-    blockers = [op.name for op in inner if device[op.name] != "npu" and op.kind != "flatten"]
-    if blockers:
-        raise NPUValueError(f"the NPU operators are not one chain: {blockers} run on the CPU "
-                            f"between them")
-    return NpuChain(before=qnet.ops[:first],
-                    ops=tuple(op for op in inner if op.kind in NPU_KINDS),
-                    after=qnet.ops[last + 1:])
 
 
 def _input_buffer(op, batch, name):
@@ -265,6 +231,12 @@ def _constant_regions(op):
             (f"{op.name}.quant", quant.view(np.uint8))]
 
 
+def _constant_sizes(op):
+    """``[(region name, bytes)]`` of :func:`_constant_regions`, without making the data."""
+    return [(f"{op.name}.weight", op.k * op.n), (f"{op.name}.bias", 4 * op.n),
+            (f"{op.name}.quant", 8 * op.n)]
+
+
 @dataclass
 class NetworkImage:
     """A program in its DRAM image, ready for :func:`sw.backend.run_programs`.
@@ -311,47 +283,101 @@ class NetworkImage:
         return self.buffers[name].read(dram[addr:addr + size])
 
 
-def _image(config, ops, buffers, arena_offsets, arena_bytes, input_q, act_overrides,
-           lowering, buffer_plan=None):
-    """Lay out program, constants and arena; compile; fill the DRAM image."""
+@dataclass
+class ImageLayout:
+    """Where a program and its data go in DRAM, and how big the image is, before anything
+    is compiled: :func:`layout_fused_program` (for ``npu onnx --plan``, which runs nothing)
+    and the first step of :func:`build_fused_program`.
+
+    Attributes
+    ----------
+    program_addr, instructions : int
+        The program's address and length (``END`` included), from the operators' plans.
+    regions : dict
+        ``{name: (addr, bytes)}`` of the constants and of every activation buffer.
+    buffers : dict
+        ``{name: ActivationBuffer}``.
+    plans : dict
+        ``{operator name: sw.compiler.Plan}``.
+    dram_bytes : int
+        Bytes of the DRAM image: everything up to the end of the activation arena.
+    arena, arena_bytes : int
+        The activation arena's address and size.
+    buffer_plan : sw.nn.memory.BufferPlan or None
+    """
+    program_addr: int
+    instructions: int
+    regions: dict
+    buffers: dict
+    plans: dict
+    dram_bytes: int
+    arena: int
+    arena_bytes: int
+    buffer_plan: object = None
+
+    @property
+    def program_bytes(self):
+        return INSTR_BYTES * self.instructions
+
+
+def _layout(config, ops, buffers, arena_offsets, arena_bytes, lowering, buffer_plan=None):
+    """Plan every operator and lay out program, constants and arena (nothing compiled)."""
     check_lowering(lowering)
     sources = ["input"] + [op.name for op in ops[:-1]]
-    op_plans = [_plan_op(config, op, buffers[source], buffers[op.name], lowering)
-                for op, source in zip(ops, sources)]
-    instructions = 1 + sum(plan.instructions - 1 for plan in op_plans)
+    plans = {op.name: _plan_op(config, op, buffers[source], buffers[op.name], lowering)
+             for op, source in zip(ops, sources)}
+    instructions = 1 + sum(plan.instructions - 1 for plan in plans.values())
     position = _align(PROGRAM_ADDR + INSTR_BYTES * instructions, REGION_ALIGN)
-    regions, constants = {}, []
+    regions = {}
     for op in ops:
-        for name, data in _constant_regions(op):
-            regions[name] = (position, data.size)
-            constants.append((position, data))
-            position = _align(position + data.size, REGION_ALIGN)
+        for name, size in _constant_sizes(op):
+            regions[name] = (position, size)
+            position = _align(position + size, REGION_ALIGN)
     arena = position
     for name, offset in arena_offsets.items():
         regions[name] = (arena + offset, buffers[name].bytes)
-    size = _align(arena + arena_bytes, DRAM_GRANULE)
+    return ImageLayout(program_addr=PROGRAM_ADDR, instructions=instructions, regions=regions,
+                       buffers=buffers, plans=plans,
+                       dram_bytes=_align(arena + arena_bytes, DRAM_GRANULE), arena=arena,
+                       arena_bytes=arena_bytes, buffer_plan=buffer_plan)
 
+
+def check_addressable(config, dram_bytes, what="the program and its data"):
+    """Refuse an image of ``dram_bytes`` that the DMA's addresses do not reach (4 GiB)."""
+    if dram_bytes > config.dram_bytes:
+        raise NPUValueError(f"{what} need {dram_bytes:,} bytes of DRAM, more than the "
+                            f"{config.dram_bytes >> 30} GiB a {config.addr_width}-bit "
+                            f"address reaches")
+
+
+def _image(config, ops, layout, input_q, act_overrides, lowering):
+    """Compile the operators at the addresses of ``layout`` and fill the DRAM image."""
+    check_addressable(config, layout.dram_bytes)
+    buffers, regions = layout.buffers, layout.regions
+    sources = ["input"] + [op.name for op in ops[:-1]]
     # Layers chain by concatenating the bodies of their programs, then one END.
-    words, plans = [], {}
-    for op, source, plan in zip(ops, sources, op_plans):
+    words = []
+    for op, source in zip(ops, sources):
         act_min, act_max = act_overrides.get(op.name, (op.act_min, op.act_max))
         addresses = {"x": regions[source][0], "w": regions[f"{op.name}.weight"][0],
                      "bias": regions[f"{op.name}.bias"][0],
                      "quant": regions[f"{op.name}.quant"][0], "y": regions[op.name][0]}
         program = _compile_op(config, op, buffers[source], buffers[op.name], addresses,
-                              act_min, act_max, lowering, plan)
+                              act_min, act_max, lowering, layout.plans[op.name])
         words.extend(program.body)
-        plans[op.name] = program.plan
     words.append(codec.encode(Opcode.END))
-    if len(words) != instructions:
+    if len(words) != layout.instructions:
         raise RuntimeError(f"program length {len(words)} differs from the planned "
-                           f"{instructions}")
+                           f"{layout.instructions}")
 
-    dram = np.zeros(size, dtype=np.uint8)
+    dram = np.zeros(layout.dram_bytes, dtype=np.uint8)
     dram[PROGRAM_ADDR:PROGRAM_ADDR + INSTR_BYTES * len(words)] = \
         np.frombuffer(codec.pack_words(words), dtype=np.uint8)
-    for addr, data in constants:
-        dram[addr:addr + data.size] = data
+    for op in ops:
+        for name, data in _constant_regions(op):
+            addr, size = regions[name]
+            dram[addr:addr + size] = data
+    arena, arena_bytes = layout.arena, layout.arena_bytes
     dram[arena:arena + arena_bytes] = POISON    # a missed store cannot read as data
     # Host-written buffers last: they live from step 0, so nothing planned into the same
     # bytes is live before them.
@@ -362,8 +388,23 @@ def _image(config, ops, buffers, arena_offsets, arena_bytes, input_q, act_overri
         elif buffer.host_initialized:
             dram[addr:addr + nbytes][buffer.border_mask()] = np.uint8(buffer.zero_point & 0xFF)
     return NetworkImage(dram=dram, program_addr=PROGRAM_ADDR, words=words, regions=regions,
-                        buffers=buffers, plans=plans, output=ops[-1].name,
-                        buffer_plan=buffer_plan)
+                        buffers=buffers, plans=layout.plans, output=ops[-1].name,
+                        buffer_plan=layout.buffer_plan)
+
+
+def _fused_layout(config, ops, batch, lowering):
+    buffers = activation_buffers(ops, batch)
+    buffer_plan = plan_buffers(fused_lifetimes(ops, buffers), alignment=REGION_ALIGN)
+    offsets = {name: buffer_plan.offset(name) for name in buffers}
+    return _layout(config, ops, buffers, offsets, buffer_plan.total_bytes, lowering,
+                   buffer_plan)
+
+
+def layout_fused_program(config, ops, batch, *, lowering="taps"):
+    """The :class:`ImageLayout` of :func:`build_fused_program` for a batch of ``batch``
+    samples, without compiling: the same plans, addresses and DRAM size, in a fraction of
+    the time (the operators' plans are counted, not emitted)."""
+    return _fused_layout(config, tuple(ops), batch, lowering)
 
 
 def build_fused_program(config, ops, input_q, *, lowering="taps"):
@@ -374,13 +415,9 @@ def build_fused_program(config, ops, input_q, *, lowering="taps"):
     ``lowering`` is one of :data:`LOWERINGS`.
     """
     ops = tuple(ops)
-    batch = len(input_q)
-    buffers = activation_buffers(ops, batch)
-    buffer_plan = plan_buffers(fused_lifetimes(ops, buffers), alignment=REGION_ALIGN)
-    offsets = {name: buffer_plan.offset(name) for name in buffers}
-    input_q = _as_buffer_shape(buffers["input"], input_q)
-    return _image(config, ops, buffers, offsets, buffer_plan.total_bytes, input_q, {},
-                  lowering, buffer_plan)
+    layout = _fused_layout(config, ops, len(input_q), lowering)
+    input_q = _as_buffer_shape(layout.buffers["input"], input_q)
+    return _image(config, ops, layout, input_q, {}, lowering)
 
 
 def _as_buffer_shape(buffer, x):
@@ -406,8 +443,9 @@ def build_layer_program(config, op, input_q, *, act_min=None, lowering="taps"):
         offsets[name] = position
         position = _align(position + buffers[name].bytes, REGION_ALIGN)
     overrides = {} if act_min is None else {op.name: (act_min, op.act_max)}
-    return _image(config, (op,), buffers, offsets, position,
-                  _as_buffer_shape(buffers["input"], input_q), overrides, lowering)
+    layout = _layout(config, (op,), buffers, offsets, position, lowering)
+    return _image(config, (op,), layout, _as_buffer_shape(buffers["input"], input_q),
+                  overrides, lowering)
 
 
 def program_traffic(words):

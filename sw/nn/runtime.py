@@ -10,23 +10,26 @@
 * ``"fused"`` (c): the whole NPU chain as ONE program: the layers hand their activations
   over in DRAM, with no host round trip.
 
-The CPU operators before the chain (input quantization) and after it (softmax, argmax) run
-on the host in every mode. Host transfers are counted per batch as a runtime in steady state
+The network goes through the graph core (:mod:`sw.ir`): its graph
+(:func:`sw.nn.lower.network_graph`) placed, grouped and run by
+:func:`sw.ir.runner.run_graph`, the host operators by the INT8 reference. The CPU operators
+before the chain (input quantization) and after it (softmax, argmax) run on the host in every
+mode; so does one between two NPU operators, which splits the chain into two programs. Host transfers are counted per batch as a runtime in steady state
 would make them: constants (weights, biases, requantization parameters) and the zero-point
 borders of buffers that keep them are written once, at set-up, and are not counted.
 """
 
-import hashlib
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import backend
-from ..errors import NPURunError, NPUValueError
-from .placement import place
-from .program import build_fused_program, build_layer_program, npu_chain
-from .reference import run_op
+from ..errors import NPUValueError
+from ..ir.grouping import HostStep
+from ..ir.placement import place
+from ..ir.runner import run_graph
+from .lower import network_graph, run_host
+from .program import build_fused_program, build_layer_program
+from .quantize import NPU_KINDS, unfuse_relu
 
 
 __all__ = ["MODES", "StageResult", "run_network"]
@@ -108,36 +111,6 @@ class StageResult:
         return self.macs / (self.cycles * config.rows * config.cols)
 
 
-def _image_key(config, sim, image):
-    digest = hashlib.sha256(image.dram.tobytes())
-    digest.update(f"{config.key()}/{sim}/{image.program_addr}/{image.program_len}".encode())
-    return digest.hexdigest()
-
-
-def _run(config, sim, images, cache):
-    """Run the images in one backend run; an image equal to one in ``cache`` (a dict, or
-    None) reuses its result: the same program on the same DRAM gives the same result."""
-    keys = [_image_key(config, sim, image) if cache is not None else None for image in images]
-    pending = [index for index, key in enumerate(keys) if cache is None or key not in cache]
-    fresh = backend.run_programs(config, sim, [images[index].run_args() for index in pending]) \
-        if pending else []
-    results = [None] * len(images)
-    for index, result in zip(pending, fresh):
-        results[index] = result
-        if cache is not None:
-            cache[keys[index]] = result
-    for index, key in enumerate(keys):
-        if results[index] is None:
-            results[index] = cache[key]
-    for image, result in zip(images, results):
-        if not result.done:
-            raise NPURunError(result.error_code, result.error_pc,
-                              f"the NPU program stopped with error {result.error_code.name} "
-                              f"at instruction {result.error_pc} of {image.program_len} "
-                              f"({sim}, {config.name})")
-    return results, len(pending)
-
-
 def _add_traffic(total, plans):
     """Add each operator's DMA bytes (from its plan, counted from its emitted words)."""
     for name, plan in plans.items():
@@ -145,11 +118,6 @@ def _add_traffic(total, plans):
         entry["read"] += plan.dram_bytes_read
         entry["written"] += plan.dram_bytes_written
         entry["program"] += plan.program_bytes - 16    # the END each layer's body drops
-
-
-def _sum_cycles(results):
-    cycles = [result.cycles for result in results]
-    return None if any(value is None for value in cycles) else sum(cycles)
 
 
 def run_network(qnet, x, *, config, sim="model", batch=64, mode="fused", lowering="taps",
@@ -180,97 +148,74 @@ def run_network(qnet, x, *, config, sim="model", batch=64, mode="fused", lowerin
     """
     if mode not in MODES:
         raise NPUValueError(f"mode must be one of {MODES}, not {mode!r}")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise NPUValueError(f"batch must be a positive integer, not {batch!r}")
-    chain = npu_chain(qnet, place(qnet, config))
     x = np.asarray(x)
     if len(x) == 0:
         raise NPUValueError("x must hold at least one sample")
-    starts = range(0, len(x), batch)
+    # Unfused: every fused ReLU split back out as a host pass after its GEMM.
+    network = unfuse_relu(qnet) if mode == "layers_unfused" else qnet
+    graph = network_graph(network, len(x))
+    placements = place(graph)
+    if not any(p.device == "npu" for p in placements):
+        raise NPUValueError("no operator of the network is placed on the NPU")
 
-    # The CPU prologue (input quantization) on the host.
-    inputs = []
-    for start in starts:
-        value = x[start:start + batch]
-        for op in chain.before:
-            value = run_op(op, value)
-        inputs.append(value)
+    def build(config, ops, value):
+        if mode == "fused":
+            return build_fused_program(config, ops, value, lowering=lowering)
+        return build_layer_program(config, ops[0], value, lowering=lowering)
 
-    stage = dict(mode=mode, lowering=lowering, sim=sim, batches=len(inputs),
-                 macs=sum(op.macs(len(x)) for op in chain.ops))
-    traffic = {}
-    if mode == "fused":
-        images = [build_fused_program(config, chain.ops, value, lowering=lowering)
-                  for value in inputs]
-        results, simulated = _run(config, sim, images, cache)
-        started = time.perf_counter()
-        logits = [image.read(result.dram) for image, result in zip(images, results)]
-        host_seconds = time.perf_counter() - started
-        first = images[0]
-        input_shared = any("input" in names for names in first.buffer_plan.reused.values())
-        written = read = 0
-        for image in images:
+    run = run_graph(graph, x, config=config, sim=sim, batch=batch, host=run_host,
+                    fuse=mode == "fused", build=build, cache=cache, predict=False,
+                    placements=placements)
+    return _stage(qnet, network, run, mode, lowering, sim, len(x))
+
+
+def _stage(qnet, network, run, mode, lowering, sim, samples):
+    """The run's figures as a :class:`StageResult`."""
+    gemms = [op for op in network.ops if op.kind in NPU_KINDS]
+    first_npu = next(index for index, step in enumerate(run.steps)
+                     if not isinstance(step, HostStep))
+    last_npu = max(index for index, step in enumerate(run.steps)
+                   if not isinstance(step, HostStep))
+    traffic, plans = {}, {}
+    written = read = 0
+    layer_cycles = {}
+    for group_run in run.group_runs:
+        for image, result in zip(group_run.images, group_run.results):
+            shared = image.buffer_plan is not None and any(
+                "input" in names for names in image.buffer_plan.reused.values())
             buffer = image.buffers["input"]
             # The input buffer's border survives between batches unless another tensor
             # reuses its bytes; then the host writes the whole padded buffer every time.
-            written += buffer.bytes if input_shared else buffer.interior_bytes
+            written += buffer.bytes if shared else buffer.interior_bytes
             read += image.buffers[image.output].interior_bytes
             _add_traffic(traffic, image.plans)
-        stage.update(cycles=_sum_cycles(results), layer_cycles={}, programs=len(images),
-                     simulated=simulated,
-                     instructions=sum(result.instructions for result in results),
-                     host_transfers=2 * len(images), host_bytes_written=written,
-                     host_bytes_read=read, host_seconds=host_seconds, layer_outputs={},
-                     plans=first.plans, buffer_plan=first.buffer_plan)
-    else:
-        current = inputs
-        layer_outputs, layer_cycles, plans = {}, {}, {}
-        programs = simulated = instructions = transfers = written = read = passes = 0
-        host_seconds = 0.0
-        all_results = []
-        for op in chain.ops:
-            unfused_relu = mode == "layers_unfused" and op.relu
-            images = [build_layer_program(config, op, value, lowering=lowering,
-                                          act_min=-128 if unfused_relu else None)
-                      for value in current]
-            results, ran = _run(config, sim, images, cache)
-            simulated += ran
-            all_results.extend(results)
-            started = time.perf_counter()
-            outputs = []
-            for image, result in zip(images, results):
-                value = image.read(result.dram)
-                if unfused_relu:
-                    value = np.maximum(value, np.int8(op.output.zero_point))  # the CPU pass
-                    passes += 1
-                outputs.append(value)
-            host_seconds += time.perf_counter() - started
-            for image in images:
-                # Each program: the host writes the input's interior (its border stays) and
-                # reads the output back.
-                written += image.buffers["input"].interior_bytes
-                read += image.buffers[op.name].interior_bytes
-                transfers += 2
-                _add_traffic(traffic, image.plans)
-            layer_cycles[op.name] = _sum_cycles(results)
-            layer_outputs[op.name] = np.concatenate(outputs).reshape(
-                (len(x),) + tuple(op.output_shape))
-            plans[op.name] = images[0].plans[op.name]
-            programs += len(images)
-            instructions += sum(result.instructions for result in results)
-            current = outputs
-        logits = current
-        stage.update(cycles=_sum_cycles(all_results), layer_cycles=layer_cycles,
-                     programs=programs, simulated=simulated, instructions=instructions,
-                     host_transfers=transfers,
-                     host_bytes_written=written, host_bytes_read=read, cpu_passes=passes,
-                     host_seconds=host_seconds, layer_outputs=layer_outputs, plans=plans)
-
-    last = chain.ops[-1]
-    logits = np.concatenate(logits).reshape((len(x),) + tuple(last.output_shape))
-    # The CPU epilogue (softmax, argmax) on the host.
-    outputs, value = {}, logits
-    for op in chain.after:
-        value = run_op(op, value)
-        outputs[op.name] = value
-    return StageResult(logits=logits, outputs=outputs, traffic=traffic, **stage)
+        for name, plan in group_run.images[0].plans.items():
+            plans.setdefault(name, plan)
+        if mode != "fused":
+            cycles = [result.cycles for result in group_run.results]
+            layer_cycles[group_run.group.ops[0].name] = (
+                None if any(value is None for value in cycles) else sum(cycles))
+    batches = len(run.group_runs[0].images)
+    relus = [node for step in run.steps[first_npu:last_npu + 1] if isinstance(step, HostStep)
+             for node in step.nodes if node.op_type == "relu"]
+    # Host time between programs: reading each output, the host steps inside the chain.
+    host_seconds = sum(group_run.read_seconds for group_run in run.group_runs) + sum(
+        seconds for index, seconds in run.host_seconds.items()
+        if first_npu < index < last_npu)
+    layer_outputs = {}
+    if mode != "fused":
+        names = {op.name for op in network.ops}
+        for op in gemms:
+            tensor = f"{op.name}.relu" if f"{op.name}.relu" in names else op.name
+            layer_outputs[op.name] = run.values[tensor]
+    last = run.steps[last_npu]
+    after = [node.name for step in run.steps[last_npu + 1:] for node in step.nodes]
+    return StageResult(
+        mode=mode, lowering=lowering, sim=sim, batches=batches,
+        logits=run.values[last.output], outputs={name: run.values[name] for name in after},
+        layer_outputs=layer_outputs, cycles=run.cycles, layer_cycles=layer_cycles,
+        programs=run.programs, simulated=run.simulated, instructions=run.instructions,
+        macs=sum(op.macs(samples) for op in gemms), host_transfers=2 * run.programs,
+        host_bytes_written=written, host_bytes_read=read, cpu_passes=len(relus) * batches,
+        host_seconds=host_seconds, traffic=traffic, plans=plans,
+        buffer_plan=run.group_runs[0].images[0].buffer_plan if mode == "fused" else None)

@@ -73,15 +73,19 @@ def _onnxruntime_outputs(path, x, input_name):
 
 
 def _plan_report(graph, x, config):
+    from ..ir.grouping import NpuGroup, schedule
+    from ..ir.placement import place
+    from ..ir.runner import group_input
     from ..nn.program import build_fused_program
-    from .lower import npu_groups, place_graph
-    from .runtime import _group_input, infer_shapes
+    from .lower import to_graph
+    from .runtime import infer_shapes
     shapes = infer_shapes(graph, x)
-    placements = place_graph(graph, shapes)
-    groups, _ = npu_groups(graph, placements, shapes)
+    core = to_graph(graph, shapes)
+    placements = place(core)
+    groups = [step for step in schedule(core, placements) if isinstance(step, NpuGroup)]
     report = {"placements": [p.__dict__ for p in placements], "groups": []}
-    for group in groups.values():
-        image = build_fused_program(config, group.ops, _group_input(group, np.zeros(
+    for group in groups:
+        image = build_fused_program(config, group.ops, group_input(core, group, np.zeros(
             shapes[group.input], dtype=np.int8)))
         regions = {name: {"addr": addr, "bytes": size}
                    for name, (addr, size) in sorted(image.regions.items(),

@@ -1,9 +1,9 @@
 """The host's part of an ONNX model, run by onnxruntime itself.
 
 The runtime works as an onnxruntime execution provider does: the NPU claims the nodes it
-runs (:func:`sw.onnx.lower.place_graph`), and every other node runs on onnxruntime's CPU
+runs (:func:`sw.ir.placement.place`), and every other node runs on onnxruntime's CPU
 execution provider, in *partitions*: the host nodes between two NPU programs, in the graph's
-order, cut out as a model of their own (:class:`HostPartition`) whose inputs are the tensors
+order (a :class:`~sw.ir.grouping.HostStep`), cut out as a model of their own whose inputs are the tensors
 they read from outside (8-bit tensors with their scales and zero points as constants, or
 float ones) and whose outputs are the tensors read after them. Each partition is one
 ``InferenceSession``, built once and run on the whole batch, so any operator onnxruntime
@@ -15,14 +15,12 @@ The partitions are made from the graph onnxruntime optimized at ``ORT_ENABLE_EXT
 model does when onnxruntime runs it alone: the same nodes, the same kernels.
 """
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from ..errors import NPUValueError
 
 
-__all__ = ["HostPartition", "probe", "host_partitions"]
+__all__ = ["OnnxHost", "probe"]
 
 
 def _first_line(error):
@@ -92,55 +90,33 @@ def probe(graph, x):
     return result
 
 
-@dataclass
-class HostPartition:
-    """Host nodes that run as one onnxruntime session, between two NPU programs."""
-    nodes: list
-    inputs: list = field(default_factory=list)      # tensors read from before it
-    outputs: list = field(default_factory=list)     # tensors read after it, or the graph's
-    session: object = field(default=None, repr=False)
+class OnnxHost:
+    """The host of an ONNX model's run (the ``host`` of :func:`sw.ir.runner.run_graph`):
+    each :class:`~sw.ir.grouping.HostStep` as one onnxruntime session, made at its first
+    run and kept in the step.
 
-    @property
-    def names(self):
-        return [node.name for node in self.nodes]
+    ``types`` maps each tensor to ``(dtype, shape)`` of a run (:func:`probe`).
+    """
 
-    def build(self, graph, types):
-        """Make the session (once)."""
-        if self.session is None:
-            model = _model(graph, self.nodes, self.inputs, self.outputs, types)
-            first, last = self.nodes[0].name, self.nodes[-1].name
-            self.session = _session(model, f"the host nodes {first!r} to {last!r}")
-        return self.session
+    def __init__(self, graph, types):
+        self.graph = graph
+        self.ranks = {name: (dtype, len(shape)) for name, (dtype, shape) in types.items()}
 
-    def run(self, values):
-        """Run on ``values`` (``{tensor: array}``); the outputs are added to it."""
-        feed = {name: values[name] for name in self.inputs}
+    def session(self, step):
+        """The step's onnxruntime session (made once)."""
+        if step.runner is None:
+            nodes = [op.payload for op in step.nodes]
+            model = _model(self.graph, nodes, step.inputs, step.outputs, self.ranks)
+            step.runner = _session(model, f"the host nodes {nodes[0].name!r} to "
+                                          f"{nodes[-1].name!r}")
+        return step.runner
+
+    def __call__(self, step, values):
+        session = self.session(step)
+        feed = {name: values[name] for name in step.inputs}
         try:
-            results = self.session.run(self.outputs, feed)
+            results = session.run(step.outputs, feed)
         except Exception as error:
-            raise NPUValueError(f"onnxruntime failed on the host nodes {self.nodes[0].name!r} "
-                                f"to {self.nodes[-1].name!r}: {_first_line(error)}") from None
-        values.update(zip(self.outputs, results))
-
-
-def host_partitions(graph, steps):
-    """Fill in each partition's boundary: ``steps`` is the run's order, a list of
-    :class:`HostPartition` and NPU groups (anything with ``input`` and ``output``)."""
-    graph_outputs = {name for name, _, _ in graph.outputs}
-    reads = {}                         # tensor -> indices of the steps that read it
-    for index, step in enumerate(steps):
-        names = ([name for node in step.nodes for name in node.inputs]
-                 if isinstance(step, HostPartition) else [step.input])
-        for name in names:
-            reads.setdefault(name, set()).add(index)
-    for index, step in enumerate(steps):
-        if not isinstance(step, HostPartition):
-            continue
-        made = [out for node in step.nodes for out in node.outputs if out]
-        inside = set(made)
-        step.inputs = list(dict.fromkeys(
-            name for node in step.nodes for name in node.inputs
-            if name and name not in inside and name not in graph.constants))
-        step.outputs = [name for name in made if name in graph_outputs
-                        or reads.get(name, set()) - {index}]
-    return steps
+            raise NPUValueError(f"onnxruntime failed on the host nodes {step.nodes[0].name!r} "
+                                f"to {step.nodes[-1].name!r}: {_first_line(error)}") from None
+        values.update(zip(step.outputs, results))

@@ -1,5 +1,6 @@
-"""Placement of an imported ONNX graph, and the lowering of its NPU operators onto
-:mod:`sw.nn`'s quantized operators.
+"""An imported ONNX graph as the graph core's :class:`sw.ir.graph.Graph`: its NPU operators
+lowered onto :mod:`sw.nn`'s quantized operators, the others with the reason onnxruntime runs
+them on the host (the core places, groups and runs them: :mod:`sw.ir`).
 
 The array computes INT8 x INT8 products summed into INT32, then requantizes them on the way
 out. ``QLinearConv``, ``QLinearMatMul`` and ``QGemm`` are exactly that when their weights are
@@ -15,47 +16,18 @@ constants with a zero point of 0; each becomes a :class:`~sw.nn.quantize.QConv2D
 
 A grouped convolution (``group = g``; depthwise is ``g == channels``) becomes a convolution
 whose weight is block-diagonal: the input channels of group ``i`` meet its output channels
-only (:func:`grouped_weights`; docs/onnx.md gives the mapping efficiency, ``1/g``). A ``Flatten`` between a convolution and a dense layer on the NPU is a
-free view once the dense weight rows are permuted from channel-major to NHWC order.
+only (:func:`grouped_weights`; docs/onnx.md gives the mapping efficiency, ``1/g``). A
+``Flatten`` between a convolution and a dense layer on the NPU is a free view (a ``"CHW"``
+view: the core permutes the dense weight rows from channel-major to NHWC order).
 """
-
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from hw.config import MAX_K
-from ..nn.passes import hwc_order_of_chw
 from ..nn.quantize import QConv2D, QDense, QParams
 from . import kernels as K
 
 
-__all__ = ["NodePlacement", "place_graph", "NpuGroup", "npu_groups", "to_int8", "from_int8",
-           "node_macs", "grouped_weights", "HOST_REASON"]
-
-
-@dataclass(frozen=True)
-class NodePlacement:
-    """Where one node runs, and why."""
-    node: str
-    op_type: str
-    device: str
-    reason: str
-    macs: int = 0
-
-
-def to_int8(q):
-    """An 8-bit ONNX tensor as the NPU's int8 (uint8 is shifted by -128)."""
-    q = np.asarray(q)
-    if q.dtype == np.uint8:
-        return (q.astype(np.int16) - 128).astype(np.int8)
-    return q.astype(np.int8)
-
-
-def from_int8(q, dtype):
-    """The inverse of :func:`to_int8` for ``dtype``."""
-    if np.dtype(dtype) == np.uint8:
-        return (np.asarray(q).astype(np.int16) + 128).astype(np.uint8)
-    return np.asarray(q).astype(np.int8)
+__all__ = ["to_graph", "lower_node", "node_macs", "grouped_weights", "HOST_REASON"]
 
 
 def _zero_point8(value):
@@ -67,10 +39,6 @@ def _const(graph, node, index):
     if index >= len(node.inputs) or not node.inputs[index]:
         return None
     return graph.constants.get(node.inputs[index])
-
-
-def _shape_of(shapes, tensor):
-    return shapes.get(tensor)
 
 
 def node_macs(node, shapes, graph):
@@ -119,9 +87,6 @@ def _conv_reason(graph, node, shapes):
     if channels != w.shape[1] * group or w.shape[0] % group:
         return (f"its weight {tuple(w.shape)} does not match {channels} input channels in "
                 f"{group} groups")
-    k = w.shape[2] * w.shape[3] * channels
-    if k > MAX_K:
-        return f"K = {k} exceeds MAX_K = {MAX_K}: the INT32 accumulator could overflow"
     return None
 
 
@@ -148,9 +113,6 @@ def _gemm_reason(graph, node, shapes):
     shape = shapes.get(node.inputs[0])
     if shape is None or len(shape) != 2:
         return "its input is not a matrix"
-    k = b.shape[1] if a.get("transB", 0) else b.shape[0]
-    if k > MAX_K:
-        return f"K = {k} exceeds MAX_K = {MAX_K}: the INT32 accumulator could overflow"
     return None
 
 
@@ -190,60 +152,15 @@ for _op in ("Conv", "MatMul", "Gemm", "ConvTranspose"):
 HOST_REASON = "no lowering to the array: onnxruntime runs it"
 
 
-def place_graph(graph, shapes):
-    """One :class:`NodePlacement` per node, in order; ``shapes`` maps tensor names to the
-    shapes of a run (:func:`sw.onnx.runtime.infer_shapes`)."""
-    placements = []
-    for node in graph.nodes:
-        macs = node_macs(node, shapes, graph)
-        if node.op_type == "QLinearConv":
-            why_not = _conv_reason(graph, node, shapes)
-            if why_not is None:
-                w = _const(graph, node, 3)
-                group = int(node.attrs.get("group", 1))
-                kind = ("depthwise" if group == w.shape[0] and w.shape[1] == 1
-                        else f"grouped (group = {group})")
-                what = (f"a {kind} {w.shape[2]}x{w.shape[3]} convolution, lowered to a "
-                        f"block-diagonal INT8 GEMM (1/{group} of its products are the "
-                        f"group's)" if group != 1 else
-                        f"a {w.shape[2]}x{w.shape[3]} convolution is an INT8 GEMM (implicit "
-                        f"im2col by the strided DMA)")
-                placements.append(NodePlacement(node.name, node.op_type, "npu",
-                                                f"{what}; bias in the accumulator, float32 "
-                                                f"requantization on the way out", macs))
-                continue
-        elif node.op_type in ("QLinearMatMul", "QGemm"):
-            why_not = _gemm_reason(graph, node, shapes)
-            if why_not is None:
-                placements.append(NodePlacement(
-                    node.name, node.op_type, "npu",
-                    "an INT8 GEMM, one row per sample; bias in the accumulator, float32 "
-                    "requantization on the way out", macs))
-                continue
-        else:
-            why_not = None
-        reason = (f"cannot run on the array: {why_not}" if why_not is not None
-                  else _CPU_REASONS.get(node.op_type, HOST_REASON))
-        placements.append(NodePlacement(node.name, node.op_type, "cpu", reason, macs))
-    return placements
-
-
-@dataclass
-class NpuGroup:
-    """NPU nodes that run as one program: each consumes the previous one's output (through
-    at most a free Flatten view), and only the last one's output leaves the NPU."""
-    nodes: list                       # the ONNX nodes (GEMMs and the views between them)
-    ops: list = field(default_factory=list)     # their sw.nn operators
-    input: str = ""                   # the tensor the first reads
-    output: str = ""                  # the tensor the last writes
-    output_dtype: object = None
-    output_kind: str = ""             # "conv2d" or "dense"
-
-
-def _single_consumer(graph, tensor):
-    consumers = graph.consumers(tensor)
-    outputs = {name for name, _, _ in graph.outputs}
-    return consumers[0] if len(consumers) == 1 and tensor not in outputs else None
+def _note(node, weight):
+    """What the placer says after its reason for a lowered convolution."""
+    group = int(node.attrs.get("group", 1))
+    if group == 1:
+        return ""
+    kind = ("depthwise" if group == weight.shape[0] and weight.shape[1] == 1
+            else f"grouped (group = {group})")
+    return (f"a {kind} {weight.shape[2]}x{weight.shape[3]} convolution, lowered to a "
+            f"block-diagonal weight (1/{group} of the array's products are the group's)")
 
 
 def _is_flatten_view(node, shapes):
@@ -255,62 +172,37 @@ def _is_flatten_view(node, shapes):
     return False
 
 
-def npu_groups(graph, placements, shapes):
-    """The NPU groups of the graph, in order: ``{first node name: NpuGroup}`` and the set of
-    every node name inside a group."""
-    device = {p.node: p.device for p in placements}
-    groups, inside = {}, set()
+def to_graph(graph, shapes):
+    """The :class:`sw.ir.graph.Graph` of an imported ONNX graph: ``QLinearConv``,
+    ``QLinearMatMul`` and ``QGemm`` nodes lowered where they map onto the array, every
+    other node with the reason the host runs it (in onnxruntime); ``shapes`` maps tensor
+    names to the shapes of a run (:func:`sw.onnx.runtime.infer_shapes`)."""
+    from ..ir.graph import Graph, Op
+    ops = []
     for node in graph.nodes:
-        if device[node.name] != "npu" or node.name in inside:
-            continue
-        group = NpuGroup(nodes=[node], input=node.inputs[0])
-        current = node
-        while True:
-            nxt = _single_consumer(graph, current.outputs[0])
-            if nxt is None:
-                break
-            view = None
-            if (_is_flatten_view(nxt, shapes) and current.op_type == "QLinearConv"):
-                view = nxt
-                nxt = _single_consumer(graph, view.outputs[0])
-                if nxt is None or nxt.op_type == "QLinearConv":
-                    break
-            if nxt is None or device.get(nxt.name) != "npu" or nxt.inputs[0] != (
-                    view.outputs[0] if view else current.outputs[0]):
-                break
-            if view is not None:
-                group.nodes.append(view)
-            group.nodes.append(nxt)
-            current = nxt
-        group.output = current.outputs[0]
-        group.ops = _lower_group(graph, group, shapes)
-        group.output_kind = group.ops[-1].kind
-        y_zp = _const(graph, current, 8 if current.op_type == "QGemm" else 7)
-        # An absent output zero point means uint8 (ONNX's default for the QLinear operators).
-        group.output_dtype = np.uint8 if y_zp is None else np.asarray(y_zp).dtype
-        groups[node.name] = group
-        inside.update(n.name for n in group.nodes)
-    return groups, inside
-
-
-def _lower_group(graph, group, shapes):
-    ops, previous = [], None
-    for node in group.nodes:
-        if node.op_type in ("Flatten", "Reshape"):
-            continue
-        op = lower_node(graph, node, shapes)
-        if previous is not None and previous.kind == "conv2d" and op.kind == "dense":
-            height, width, channels = previous.output_shape
-            op = _permuted_dense(op, hwc_order_of_chw(height, width, channels))
+        op = Op(node.name, node.op_type, tuple(node.inputs), tuple(node.outputs),
+                macs=node_macs(node, shapes, graph), sources=(node.name,), payload=node,
+                reason=_CPU_REASONS.get(node.op_type, HOST_REASON))
+        why_not = None
+        if node.op_type == "QLinearConv":
+            why_not = _conv_reason(graph, node, shapes)
+        elif node.op_type in ("QLinearMatMul", "QGemm"):
+            why_not = _gemm_reason(graph, node, shapes)
+        elif _is_flatten_view(node, shapes):
+            op.view = "CHW"
+        if node.op_type in ("QLinearConv", "QLinearMatMul", "QGemm"):
+            if why_not is None:
+                op.lowered = lower_node(graph, node, shapes)
+                y_zp = _const(graph, node, 8 if node.op_type == "QGemm" else 7)
+                # An absent output zero point means uint8 (ONNX's default for QLinear*).
+                op.dtype = np.uint8 if y_zp is None else np.asarray(y_zp).dtype
+                if node.op_type == "QLinearConv":
+                    op.note = _note(node, _const(graph, node, 3))
+            op.why_not = why_not
         ops.append(op)
-        previous = op
-    return ops
-
-
-def _permuted_dense(op, perm):
-    from dataclasses import replace
-    return replace(op, weight=op.weight[perm],
-                   sources=op.sources + ("flatten view: rows permuted to NHWC order",))
+    return Graph(ops=ops, inputs=[name for name, _, _ in graph.inputs],
+                 outputs=[name for name, _, _ in graph.outputs], layout="NCHW",
+                 constants=frozenset(graph.constants))
 
 
 def grouped_weights(weight, group):

@@ -1,0 +1,245 @@
+"""Running a graph: each NPU group as programs on a backend, each host step by the front
+end's host.
+
+:func:`run_graph` walks the steps of :func:`sw.ir.grouping.schedule`. An NPU group runs as
+one program per ``batch`` samples (built by ``build``, by default
+:func:`sw.nn.program.build_fused_program`: the group's layers back to back in one DRAM
+image), all of a group's programs in one backend run; a host step is handed to ``host``,
+the front end's own: the INT8 reference for the project's networks, onnxruntime for ONNX
+models.
+"""
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw.config import NPUConfig
+from .. import backend
+from ..errors import NPURunError, NPUTypeError, NPUValueError
+from .grouping import HostStep, schedule
+from .placement import place
+
+
+__all__ = ["GroupRun", "GraphRun", "run_graph", "group_input", "group_output", "to_int8", "from_int8"]
+
+
+def to_int8(q):
+    """An 8-bit tensor as the NPU's int8 (uint8 is shifted by -128)."""
+    q = np.asarray(q)
+    if q.dtype == np.uint8:
+        return (q.astype(np.int16) - 128).astype(np.int8)
+    return q.astype(np.int8)
+
+
+def from_int8(q, dtype):
+    """The inverse of :func:`to_int8` for ``dtype``."""
+    if np.dtype(dtype) == np.uint8:
+        return (np.asarray(q).astype(np.int16) + 128).astype(np.uint8)
+    return np.asarray(q).astype(np.int8)
+
+
+@dataclass
+class GroupRun:
+    """One NPU group's programs in a run: the images built and the backend's results."""
+    group: object
+    images: list
+    results: list
+    simulated: int            # programs the backend ran (the others came from the cache)
+    read_seconds: float = 0.0
+
+
+@dataclass
+class GraphRun:
+    """What :func:`run_graph` returns."""
+    outputs: dict                        # {graph output: array}, in the graph's order
+    values: dict                         # every tensor the run computed
+    placements: list
+    steps: list                          # NpuGroup and HostStep, in order
+    group_runs: list = field(default_factory=list)
+    npu_macs: int = 0
+    cpu_macs: int = 0
+    cycle_counts: list = field(default_factory=list)    # per NPU program
+    cycles_predicted: bool = False       # cycles and counters from sw.timing (sim="model")
+    counters: dict = field(default_factory=dict)        # the performance counters, summed
+    programs: int = 0
+    simulated: int = 0
+    instructions: int = 0
+    host_seconds: dict = field(default_factory=dict)    # {step index: seconds}
+    seconds: float = 0.0
+
+    @property
+    def groups(self):
+        return [step for step in self.steps if not isinstance(step, HostStep)]
+
+    @property
+    def partitions(self):
+        """The host steps."""
+        return [step for step in self.steps if isinstance(step, HostStep)]
+
+    @property
+    def npu_share(self):
+        """The fraction of the model's multiply-accumulates the NPU ran (0 without any)."""
+        total = self.npu_macs + self.cpu_macs
+        return self.npu_macs / total if total else 0.0
+
+    @property
+    def cycles(self):
+        """NPU cycles of all programs (None when a backend gave none)."""
+        if any(count is None for count in self.cycle_counts):
+            return None
+        return sum(self.cycle_counts)
+
+
+def group_input(graph, group, value):
+    """The group's input as the int8 NHWC (or matrix) batch its first program reads."""
+    value = to_int8(value)
+    if group.ops[0].kind == "conv2d":
+        if graph.layout == "NCHW":
+            value = value.transpose(0, 2, 3, 1)
+        return np.ascontiguousarray(value)
+    return value.reshape(len(value), -1)
+
+
+def group_output(graph, group, value, batch):
+    last = group.ops[-1]
+    if last.kind == "conv2d":
+        value = value.reshape((batch,) + tuple(last.output_shape))
+        if graph.layout == "NCHW":
+            value = value.transpose(0, 3, 1, 2)
+    else:
+        value = value.reshape(batch, -1)
+    return from_int8(np.ascontiguousarray(value), group.dtype)
+
+
+def _image_key(config, sim, image):
+    digest = hashlib.sha256(image.dram.tobytes())
+    digest.update(f"{config.key()}/{sim}/{image.program_addr}/{image.program_len}".encode())
+    return digest.hexdigest()
+
+
+def _run_images(config, sim, images, cache):
+    """Run the images in one backend run; an image equal to one in ``cache`` (a dict, or
+    None) reuses its result: the same program on the same DRAM gives the same result."""
+    keys = [_image_key(config, sim, image) if cache is not None else None for image in images]
+    pending = [index for index, key in enumerate(keys) if cache is None or key not in cache]
+    fresh = backend.run_programs(config, sim, [images[index].run_args() for index in pending]) \
+        if pending else []
+    results = [None] * len(images)
+    for index, result in zip(pending, fresh):
+        results[index] = result
+        if cache is not None:
+            cache[keys[index]] = result
+    for index, key in enumerate(keys):
+        if results[index] is None:
+            results[index] = cache[key]
+    return results, len(pending)
+
+
+def _predicted(config, image):
+    """The cycle model's counters of a program, or None for a program with instructions it
+    does not cover (LOAD_ACC, LOAD_QUANT, STORE_Q: quantized layers)."""
+    from ..timing import predict
+    try:
+        return predict(config, image.words, image.program_addr).perf
+    except NPUValueError:
+        return None
+
+
+def _run_group(graph, group, value, config, sim, batch, build, cache, predict, run):
+    samples = len(value)
+    x = group_input(graph, group, value)
+    images = [build(config, group.ops, x[start:start + batch])
+              for start in range(0, samples, batch)]
+    results, simulated = _run_images(config, sim, images, cache)
+    started = time.perf_counter()
+    pieces = []
+    for image, result in zip(images, results):
+        if not result.done:
+            raise NPURunError(result.error_code, result.error_pc,
+                              f"the NPU program of {group.nodes[0].name} stopped with error "
+                              f"{result.error_code.name} at instruction {result.error_pc} "
+                              f"of {image.program_len} ({sim}, {config.name})")
+        pieces.append(image.read(result.dram))
+    read_seconds = time.perf_counter() - started
+    for image, result in zip(images, results):
+        run.programs += 1
+        run.instructions += result.instructions
+        perf = result.perf
+        if sim == "model" and predict:
+            perf = _predicted(config, image)
+            run.cycles_predicted = perf is not None
+        run.cycle_counts.append(perf["cycles"] if perf else result.cycles)
+        for counter, count in (perf or {}).items():
+            run.counters[counter] = run.counters.get(counter, 0) + count
+    run.simulated += simulated
+    run.group_runs.append(GroupRun(group, images, results, simulated, read_seconds))
+    return group_output(graph, group, np.concatenate(pieces), samples)
+
+
+def run_graph(graph, x, *, config, sim="model", batch=64, host, fuse=True, build=None,
+              cache=None, predict=True, placements=None):
+    """Run ``graph`` on the batch ``x`` (its first input).
+
+    Parameters
+    ----------
+    graph : sw.ir.graph.Graph
+    x : numpy.ndarray
+    config : hw.config.NPUConfig
+    sim : str
+        A backend of :data:`sw.backend.SIMULATORS`, or ``"cpu"``: every operator on the host.
+    batch : int
+        Samples per NPU program.
+    host : callable
+        ``host(step, values)`` runs a :class:`~sw.ir.grouping.HostStep`, adding its outputs
+        to ``values`` (``{tensor: array}``).
+    fuse : bool
+        Chain NPU operators into one program (else one program per operator).
+    build : callable, optional
+        ``build(config, ops, x)`` makes one program's image (default
+        :func:`sw.nn.program.build_fused_program`).
+    cache : dict, optional
+        Backend results by DRAM image, shared between runs.
+    predict : bool
+        On ``sim="model"``, take cycles and counters from the cycle model.
+    placements : list, optional
+        Of :func:`sw.ir.placement.place` (made here if not given).
+
+    Returns
+    -------
+    GraphRun
+    """
+    from ..nn.program import build_fused_program
+    if not isinstance(config, NPUConfig):
+        raise NPUTypeError(f"config must be an NPUConfig, not {config!r}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise NPUValueError(f"batch must be a positive integer, not {batch!r}")
+    started = time.perf_counter()
+    if placements is None:
+        placements = place(graph)
+    if sim == "cpu":
+        placements = [p.__class__(p.node, p.op_type, "cpu", "sim='cpu': the host runs "
+                                  "everything", p.macs, p.sources) for p in placements]
+    steps = schedule(graph, placements, fuse=fuse)
+    run = GraphRun(outputs={}, values={graph.inputs[0]: x}, placements=placements,
+                   steps=steps)
+    for p in placements:
+        if p.device == "npu":
+            run.npu_macs += p.macs
+        else:
+            run.cpu_macs += p.macs
+    build = build or build_fused_program
+    values = run.values
+    for index, step in enumerate(steps):
+        if isinstance(step, HostStep):
+            if step.outputs:
+                began = time.perf_counter()
+                host(step, values)
+                run.host_seconds[index] = time.perf_counter() - began
+        else:
+            values[step.output] = _run_group(graph, step, values[step.input], config, sim,
+                                             batch, build, cache, predict, run)
+    run.outputs = {name: values[name] for name in graph.outputs}
+    run.seconds = time.perf_counter() - started
+    return run
