@@ -42,7 +42,8 @@ from ..errors import NPUValueError
 from .memory import TensorLife, plan_buffers
 
 
-__all__ = ["ActivationBuffer", "LOWERINGS", "activation_buffers", "fused_lifetimes", "NetworkImage", "build_fused_program",
+__all__ = ["ActivationBuffer", "LOWERINGS", "activation_buffers", "fused_lifetimes",
+           "NetworkImage", "build_fused_program",
            "build_layer_program", "program_traffic"]
 
 
