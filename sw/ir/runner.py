@@ -178,8 +178,18 @@ def _run_group(graph, group, value, config, sim, batch, build, cache, predict, r
     return group_output(graph, group, np.concatenate(pieces), samples)
 
 
+def _progress(steps, sim, show):
+    """The steps, with a progress bar on the terminal when ``show`` (tqdm's, on stderr, off
+    when stderr is not a terminal)."""
+    import sys
+    from tqdm import tqdm
+    groups = sum(not isinstance(step, HostStep) for step in steps)
+    return tqdm(steps, desc=f"{groups} NPU programs on {sim}", unit="step", leave=False,
+                file=sys.stderr, disable=not show or not sys.stderr.isatty())
+
+
 def run_graph(graph, x, *, config, sim="model", batch=64, host, fuse=True, build=None,
-              cache=None, predict=True, placements=None):
+              cache=None, predict=True, placements=None, progress=False):
     """Run ``graph`` on the batch ``x`` (its first input).
 
     Parameters
@@ -205,6 +215,8 @@ def run_graph(graph, x, *, config, sim="model", batch=64, host, fuse=True, build
         On ``sim="model"``, take cycles and counters from the cycle model.
     placements : list, optional
         Of :func:`sw.ir.placement.place` (made here if not given).
+    progress : bool
+        A progress bar per step on the terminal (never when stderr is not one).
 
     Returns
     -------
@@ -231,7 +243,7 @@ def run_graph(graph, x, *, config, sim="model", batch=64, host, fuse=True, build
             run.cpu_macs += p.macs
     build = build or build_fused_program
     values = run.values
-    for index, step in enumerate(steps):
+    for index, step in enumerate(_progress(steps, sim, progress)):
         if isinstance(step, HostStep):
             if step.outputs:
                 began = time.perf_counter()

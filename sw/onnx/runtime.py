@@ -55,7 +55,7 @@ def _shapes(graph, types, batch):
     return shapes
 
 
-def run_model(graph, x, *, config, sim="model", batch=64):
+def run_model(graph, x, *, config, sim="model", batch=64, progress=False):
     """Run ``graph`` on the input batch ``x``.
 
     Parameters
@@ -68,6 +68,8 @@ def run_model(graph, x, *, config, sim="model", batch=64):
         One of :data:`RUN_SIMULATORS`.
     batch : int
         Samples per NPU program.
+    progress : bool
+        A progress bar on the terminal while it runs.
 
     Returns
     -------
@@ -82,4 +84,4 @@ def run_model(graph, x, *, config, sim="model", batch=64):
     types = probe(graph, x[:1])
     core = to_graph(graph, _shapes(graph, types, len(x)))
     return run_graph(core, x, config=config, sim=sim, batch=batch,
-                     host=OnnxHost(graph, types))
+                     host=OnnxHost(graph, types), progress=progress)
