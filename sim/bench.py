@@ -28,6 +28,7 @@ Three things every test gets for free:
 import logging
 import os
 import random
+import re
 from pathlib import Path
 
 import cocotb
@@ -275,7 +276,8 @@ class HDLDramModel:
     ----------
     dut : the simulated top level
     size : int
-        Bytes answered; a beat past them is answered SLVERR (at most :data:`sim.dram.DRAM_BYTES`).
+        Bytes answered; a beat past them is answered SLVERR (at most the size of the
+        build's memory, :func:`sim.dram.capacity_from_env`).
     bus_bytes : int
 
     Attributes
@@ -286,14 +288,18 @@ class HDLDramModel:
         touch are one run.
     """
     def __init__(self, dut, size, bus_bytes):
-        if not 0 < size <= hdl_dram.DRAM_BYTES:
-            raise ValueError(f"the simulated DRAM holds {hdl_dram.DRAM_BYTES:,} bytes "
-                             f"(sim.dram.DRAM_BYTES); a bench of {size:,} bytes does not fit")
+        capacity = hdl_dram.capacity_from_env()
+        if not 0 < size <= capacity:
+            raise ValueError(f"the simulated DRAM of this build holds {capacity:,} bytes; a "
+                             f"bench of {size:,} bytes does not fit (sim.runner.build's "
+                             f"dram_bytes picks a larger one)")
         self.dut = dut
         self.size = size
         self.bus_bytes = bus_bytes
         self.words = -(-size // bus_bytes)
-        self.image = np.zeros(self.words * bus_bytes, dtype=np.uint8)
+        # A line of the load and dump files: one memory entry (sim.dram.words_per_entry).
+        self.entry_bytes = hdl_dram.words_per_entry(bus_bytes, capacity) * bus_bytes
+        self.image = np.zeros(-(-size // self.entry_bytes) * self.entry_bytes, dtype=np.uint8)
         self.read_faults = []
         self.write_faults = []
         self._log = None                     # the written bytes' mask, once recorded
@@ -397,9 +403,7 @@ class HDLDramModel:
             self.dut.dram_fault_kind.value = kind
             self._faults_dirty = False
         if self._dirty:
-            words = self.image.reshape(-1, self.bus_bytes)[:, ::-1]
-            text = words.tobytes().hex("\n", self.bus_bytes) + "\n"
-            Path(hdl_dram.LOAD_FILE).write_text(text)
+            _write_memh(hdl_dram.LOAD_FILE, self.image, self.entry_bytes)
             await self._command(hdl_dram.Command.LOAD)
             self._dirty = False
         if self._clear_log:
@@ -409,9 +413,29 @@ class HDLDramModel:
     async def fetch(self):
         """Take the hardware's memory (and write log) back into the copy."""
         await self._command(hdl_dram.Command.DUMP)
-        self.image[:] = _read_memh(hdl_dram.DUMP_FILE, self.bus_bytes).reshape(-1)
+        self.image[:] = _read_memh(hdl_dram.DUMP_FILE, self.entry_bytes).reshape(-1)
         if self._log is not None:
-            self._log = _read_written(hdl_dram.WRITTEN_FILE, self.bus_bytes)
+            self._log = _read_written(hdl_dram.WRITTEN_FILE, self.entry_bytes)
+
+
+#: Bus words converted at once to or from hex text: a large image (up to 4 GiB) is written
+#: and read in pieces, so that its text is never held whole.
+_MEMH_CHUNK_WORDS = 1 << 20
+#: The value of each hex digit's character, 255 for any other character.
+_HEX_DIGIT = np.full(256, 255, dtype=np.uint8)
+for _value, _digit in enumerate(b"0123456789abcdef"):
+    _HEX_DIGIT[_digit] = _HEX_DIGIT[ord(chr(_digit).upper())] = _value
+_MEMH_COMMENT = re.compile(rb"[ \t]*//[^\n]*\n")
+
+
+def _write_memh(path, image, bus_bytes):
+    """Write ``image`` (``uint8``) as ``$readmemh`` text: one bus word per line, most
+    significant byte first."""
+    words = image.reshape(-1, bus_bytes)[:, ::-1]
+    with open(path, "w") as file:
+        for start in range(0, len(words), _MEMH_CHUNK_WORDS):
+            file.write(words[start:start + _MEMH_CHUNK_WORDS].tobytes().hex("\n", bus_bytes)
+                       + "\n")
 
 
 def _memh_lines(path):
@@ -429,11 +453,49 @@ def _read_written(path, bus_bytes):
 
 
 def _read_memh(path, width_bytes):
-    """The words of a ``$writememh`` file as ``uint8`` rows, least significant byte first."""
-    lines = _memh_lines(path)
+    """The words of a ``$writememh`` file as ``uint8`` rows, least significant byte first.
+
+    Both simulators write every word in full, one per line, Icarus with an address comment
+    every 16 lines: such a file is decoded with numpy (Verilator's read in pieces, so that a
+    large DRAM's text is never held whole); any other (a short line, a digit that is ``x``)
+    line by line."""
     digits = 2 * width_bytes
+    line = digits + 1
+    size = os.path.getsize(path)
+    if size and size % line == 0:
+        with open(path, "rb") as file:
+            words = _decode_memh(iter(lambda: file.read(_MEMH_CHUNK_WORDS * line), b""),
+                                 size // line, width_bytes)
+        if words is not None:
+            return words
+    data = Path(path).read_bytes()
+    if b"/" in data:
+        data = _MEMH_COMMENT.sub(b"", data)
+    if data and len(data) % line == 0:
+        pieces = (data[start:start + _MEMH_CHUNK_WORDS * line]
+                  for start in range(0, len(data), _MEMH_CHUNK_WORDS * line))
+        words = _decode_memh(pieces, len(data) // line, width_bytes)
+        if words is not None:
+            return words
+    lines = _memh_lines(path)
     text = "".join(line.rjust(digits, "0") if len(line) != digits else line for line in lines)
     return np.frombuffer(bytes.fromhex(text), dtype=np.uint8).reshape(-1, width_bytes)[:, ::-1]
+
+
+def _decode_memh(pieces, count, width_bytes):
+    """``count`` words of ``width_bytes`` from ``pieces`` of whole lines of hex text, or
+    ``None`` if a line is not ``2 * width_bytes`` hex digits."""
+    digits = 2 * width_bytes
+    words = np.empty((count, width_bytes), dtype=np.uint8)
+    start = 0
+    for piece in pieces:
+        rows = np.frombuffer(piece, dtype=np.uint8).reshape(-1, digits + 1)
+        values = _HEX_DIGIT[rows[:, :digits]]
+        if (rows[:, digits] != ord("\n")).any() or (values == 255).any():
+            return None
+        words[start:start + len(rows)] = values[:, 0::2] << 4 | values[:, 1::2]
+        start += len(rows)
+    return words[:, ::-1] if start == count else None
 
 
 class AxiCheck:

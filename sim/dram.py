@@ -10,8 +10,14 @@ While a program runs no Python runs: the bench writes the program and operands i
 ``dram_load.hex``, raises :attr:`Command.LOAD` for a cycle, starts the NPU, sleeps until the
 interrupt, raises :attr:`Command.DUMP` and reads ``dram_dump.hex`` (and ``dram_written.hex``,
 the bytes written since the last :attr:`Command.CLEAR_LOG`) back. See :class:`sim.bench.Dram`.
+
+Its size is fixed when the simulation is built: the runner builds it in the smallest of
+:data:`SIZE_CLASSES` (16 MiB to the 4 GiB the NPU's addresses reach) that holds the program's
+image. What the bench loads and dumps, and what the memory answers, is the image's own size
+(``size``, set at run time): a beat past it is answered SLVERR whatever the class.
 """
 
+import os
 from pathlib import Path
 
 from amaranth.hdl import ClockSignal, Instance, Module, ResetSignal
@@ -21,15 +27,60 @@ from amaranth.lib.wiring import In
 from hw.axi import AXI4Signature
 
 
-__all__ = ["VERILOG_SOURCE", "DRAM_BYTES", "READ_LATENCY", "WRITE_RESPONSE_LATENCY",
-           "FAULT_RANGES", "CHANNELS", "Command", "DramControlSignature", "HDLDram",
-           "LOAD_FILE", "DUMP_FILE", "WRITTEN_FILE"]
+__all__ = ["VERILOG_SOURCE", "DRAM_BYTES", "MAX_DRAM_BYTES", "SIZE_CLASSES", "CAPACITY_ENV",
+           "MAX_ENTRIES", "size_class", "capacity_from_env", "words_per_entry",
+           "READ_LATENCY", "WRITE_RESPONSE_LATENCY", "FAULT_RANGES", "CHANNELS", "Command",
+           "DramControlSignature", "HDLDram", "LOAD_FILE", "DUMP_FILE", "WRITTEN_FILE"]
 
 
 VERILOG_SOURCE = Path(__file__).resolve().parent / "hdl" / "npu_axi_dram.v"
 
-#: Bytes of simulated DRAM; a program's DRAM image must fit.
+#: Bytes of simulated DRAM of the default build: the smallest size class.
 DRAM_BYTES = 16 << 20
+#: The most the NPU's 32-bit DMA addresses reach: the largest size class.
+MAX_DRAM_BYTES = 1 << 32
+#: The sizes the memory is built in: a Verilog memory has its size when it is built, so a
+#: program's image picks the smallest class that holds it (:func:`size_class`), and each
+#: class is one build per configuration and simulator (``sim/runner.py``), made once and
+#: cached like any other. Four times apart: an image never sits in a memory more than four
+#: times its size (a Verilator build zeroes and so touches all of its memory at start: 4.5
+#: GiB for the 4 GiB class, with its write log), and the five classes are at most five
+#: builds. The default build, which every test but the large-image ones uses, is the first.
+SIZE_CLASSES = tuple(DRAM_BYTES << (2 * step) for step in range(5))
+assert SIZE_CLASSES[-1] == MAX_DRAM_BYTES
+#: The environment variable by which the runner tells the bench the size of its build.
+CAPACITY_ENV = "NPU_DRAM_BYTES"
+#: The most entries a Verilog memory may have: Verilator refuses 2^29 ("vector of over 1
+#: billion bits"), which 4 GiB of 64-bit words would be.
+MAX_ENTRIES = 1 << 28
+
+
+def words_per_entry(bus_bytes, size):
+    """Bus words per entry of the memory of ``size`` bytes (``RATIO`` in the Verilog): 1 but
+    for the memories of more than :data:`MAX_ENTRIES` bus words (the 4 GiB class on a bus
+    of 64 bits or less), whose load and dump files then have as many words a line."""
+    return max(1, size // bus_bytes // MAX_ENTRIES)
+
+
+def size_class(image_bytes):
+    """The smallest of :data:`SIZE_CLASSES` that holds ``image_bytes``."""
+    for size in SIZE_CLASSES:
+        if image_bytes <= size:
+            return size
+    raise ValueError(f"a DRAM image of {image_bytes:,} bytes is larger than the "
+                     f"{MAX_DRAM_BYTES:,} bytes a 32-bit address reaches")
+
+
+def capacity_from_env():
+    """Bytes of the simulated DRAM of the build this simulation runs (the runner sets
+    :data:`CAPACITY_ENV`; :data:`DRAM_BYTES`, the default build's, when unset)."""
+    value = os.environ.get(CAPACITY_ENV, "").strip()
+    if not value:
+        return DRAM_BYTES
+    if not value.isdigit() or int(value) not in SIZE_CLASSES:
+        raise ValueError(f"{CAPACITY_ENV} must be one of "
+                         f"{', '.join(str(size) for size in SIZE_CLASSES)}, not {value!r}")
+    return int(value)
 #: Cycles from the cycle a read address is accepted to the cycle its first beat is valid.
 READ_LATENCY = 2
 #: Cycles from the cycle a burst's last write beat is accepted to the cycle its response is valid.
@@ -98,7 +149,8 @@ class DramControlSignature(wiring.Signature):
 
 
 class HDLDram(wiring.Component):
-    """AXI4 slave memory of :data:`DRAM_BYTES` (``sim/hdl/npu_axi_dram.v``).
+    """AXI4 slave memory of ``size`` bytes (``sim/hdl/npu_axi_dram.v``), one of
+    :data:`SIZE_CLASSES` in the benches.
 
     Parameters
     ----------
@@ -106,7 +158,8 @@ class HDLDram(wiring.Component):
         Bus width in bits.
     addr_width : int
     size : int
-        Bytes of memory, a multiple of the bus width.
+        Bytes of memory, a multiple of the bus width (:data:`DRAM_BYTES` by default), at
+        most :data:`MAX_DRAM_BYTES`.
     read_latency, write_response_latency : int
         See :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY` (at least 2).
 
@@ -119,9 +172,9 @@ class HDLDram(wiring.Component):
     """
     def __init__(self, *, data_width, addr_width=32, size=DRAM_BYTES,
                  read_latency=READ_LATENCY, write_response_latency=WRITE_RESPONSE_LATENCY):
-        if size <= 0 or size % (data_width // 8):
+        if size <= 0 or size % (data_width // 8) or size > MAX_DRAM_BYTES:
             raise ValueError(f"size must be a positive multiple of {data_width // 8} bytes, "
-                             f"not {size!r}")
+                             f"at most {MAX_DRAM_BYTES}, not {size!r}")
         for name, value in (("read_latency", read_latency),
                             ("write_response_latency", write_response_latency)):
             if not isinstance(value, int) or value < 2:
@@ -144,6 +197,7 @@ class HDLDram(wiring.Component):
             p_DATA_WIDTH=self.data_width,
             p_ADDR_WIDTH=self.addr_width,
             p_WORDS=self.size // (self.data_width // 8),
+            p_RATIO=words_per_entry(self.data_width // 8, self.size),
             p_R_LATENCY=self.read_latency,
             p_B_LATENCY=self.write_response_latency,
             p_FAULTS=FAULT_RANGES,

@@ -228,16 +228,41 @@ def prune_builds(folder, keep_hash, *, now=None, stale_seconds=STALE_BUILD_SECON
     return deleted
 
 
-def _build_dir(config, sim, dram):
+def _size_tag(dram_bytes):
+    """The build folder's tag of a DRAM size class: none for the default one, else
+    ``-64m``, ``-256m``, ``-1g``, ``-4g``."""
+    from .dram import DRAM_BYTES
+    if dram_bytes == DRAM_BYTES:
+        return ""
+    if dram_bytes % (1 << 30) == 0:
+        return f"-{dram_bytes >> 30}g"
+    return f"-{dram_bytes >> 20}m"
+
+
+def _build_dir(config, sim, dram, dram_bytes):
     public = "-public" if sim == "verilator" and PUBLIC_ALL else ""
     coverage = "-coverage" if _coverage(sim, "build") else ""
+    size = _size_tag(dram_bytes) if dram == "hdl" else ""
     return (BUILD_ROOT / "sim" / sim /
-            f"{config.key()}-{dram}-{_gateware_hash()}{public}{coverage}")
+            f"{config.key()}-{dram}{size}-{_gateware_hash()}{public}{coverage}")
 
 
-def build(config, sim, dram=None):
+def _dram_bytes(dram, dram_bytes):
+    """The size class of the ``hdl`` DRAM to build (``None``: the default, the smallest);
+    the other DRAM model is not part of the build and takes any size."""
+    from .dram import DRAM_BYTES, SIZE_CLASSES
+    if dram_bytes is None or dram != "hdl":
+        return DRAM_BYTES
+    if dram_bytes not in SIZE_CLASSES:
+        raise ValueError(f"dram_bytes must be one of {SIZE_CLASSES}, not {dram_bytes!r}")
+    return dram_bytes
+
+
+def build(config, sim, dram=None, dram_bytes=None):
     """Generate the Verilog for ``config`` with the DRAM model ``dram`` (by default
     :func:`sim.bench_top.dram_from_env`) and build it for ``sim``, unless already built.
+    ``dram_bytes`` is the size class of the ``hdl`` DRAM (:data:`sim.dram.SIZE_CLASSES`;
+    by default the smallest, :data:`sim.dram.DRAM_BYTES`): each class is a build of its own.
 
     Returns the build directory.
     """
@@ -247,7 +272,8 @@ def build(config, sim, dram=None):
     setup(sim)
     from .bench_top import dram_from_env
     dram = dram or dram_from_env()
-    build_dir = _build_dir(config, sim, dram)
+    dram_bytes = _dram_bytes(dram, dram_bytes)
+    build_dir = _build_dir(config, sim, dram, dram_bytes)
     stamp = build_dir / "build.ok"
     with locked(build_dir.with_name(build_dir.name + ".lock")):
         if stamp.exists():
@@ -257,6 +283,7 @@ def build(config, sim, dram=None):
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / f"{TOPLEVEL}.v"
         text, ports = generate_bench_verilog(config, name=TOPLEVEL, dram=dram,
+                                             dram_bytes=dram_bytes,
                                              emit_src=bool(_coverage(sim, "build")))
         source.write_text(text)
         runner = _get_runner(sim)
@@ -272,28 +299,35 @@ def build(config, sim, dram=None):
             always=True,
             log_file=build_dir / "build.log",
         )
-        stamp.write_text(json.dumps({"config": config.key(), "sim": sim, "dram": dram}))
+        stamp.write_text(json.dumps({"config": config.key(), "sim": sim, "dram": dram,
+                                     "dram_bytes": dram_bytes}))
     return build_dir
 
 
 def run_cocotb(config, sim, test_module, *, testcase=None, extra_env=None, test_dir=None,
-               waves=None, dram=None):
+               waves=None, dram=None, dram_bytes=None):
     """Run the cocotb ``test_module`` against the NPU built for ``config`` on ``sim`` with
-    the DRAM model ``dram`` (by default :func:`sim.bench_top.dram_from_env`).
+    the DRAM model ``dram`` (by default :func:`sim.bench_top.dram_from_env`) of the size
+    class ``dram_bytes`` (see :func:`build`).
 
-    The bench finds the configuration in ``NPU_CONFIG`` (JSON) and the DRAM model in
-    ``NPU_DRAM``. Raises ``AssertionError`` if any cocotb test failed.
+    The bench finds the configuration in ``NPU_CONFIG`` (JSON), the DRAM model in
+    ``NPU_DRAM`` and the size of the ``hdl`` one in ``NPU_DRAM_BYTES``
+    (:func:`sim.dram.capacity_from_env`). Raises ``AssertionError`` if any cocotb test
+    failed.
     """
     from cocotb_tools.runner import get_results
 
     from .bench_top import dram_from_env
+    from .dram import CAPACITY_ENV
     dram = dram or dram_from_env()
-    build_dir = build(config, sim, dram)
+    dram_bytes = _dram_bytes(dram, dram_bytes)
+    build_dir = build(config, sim, dram, dram_bytes)
     if waves is None:
         waves = os.environ.get("WAVES", "0") == "1"
     env = {
         "NPU_CONFIG": config.to_json(),
         "NPU_DRAM": dram,
+        CAPACITY_ENV: str(dram_bytes),
         # cocotb rewrites the asserts of every module it imports (numpy's, Amaranth's...)
         # unless told which: parsing them all again cost 2 s of every simulation's start.
         "COCOTB_REWRITE_ASSERTION_FILES": COCOTB_TEST_FILES,
@@ -360,9 +394,12 @@ def run_programs(config, sim, programs, *, timeout_cycles=None):
     program); a program that does not end within it fails the run, naming the program.
     ``NPU_BACKPRESSURE=<seed>`` in the environment turns on random back-pressure
     (:class:`sim.bench.Backpressure`).
+    The ``hdl`` DRAM is built in the smallest size class that holds the largest image
+    (:func:`sim.dram.size_class`): up to the 4 GiB the NPU's addresses reach.
     Returns one :class:`sim.result.RunResult` per program, holding its DRAM after the run.
     """
     from hw.isa import ErrorCode
+    from .dram import size_class
 
     if not isinstance(config, NPUConfig):
         raise TypeError(f"config must be an NPUConfig, not {config!r}")
@@ -382,7 +419,9 @@ def run_programs(config, sim, programs, *, timeout_cycles=None):
         specs.append({"prog_addr": int(prog_addr), "prog_len": int(prog_len),
                       "timeout_cycles": None if timeout is None else int(timeout)})
     (job / "job.json").write_text(json.dumps({"programs": specs}))
-    run_cocotb(config, sim, "sim.job", extra_env={"NPU_JOB": str(job)}, test_dir=job)
+    largest = max((len(dram) for dram, _, _ in programs), default=0)
+    run_cocotb(config, sim, "sim.job", extra_env={"NPU_JOB": str(job)}, test_dir=job,
+               dram_bytes=size_class(largest))
     results = []
     for index, outcome in enumerate(json.loads((job / "result.json").read_text())):
         results.append(RunResult(

@@ -17,11 +17,36 @@ from .errors import BackendUnavailable, NPUValueError
 
 
 # RunResult is defined in sim.result, PERF_COUNTERS in hw.isa; both stay importable from here.
-__all__ = ["RunResult", "SIMULATORS", "PERF_COUNTERS", "run_program", "run_programs"]
+__all__ = ["RunResult", "SIMULATORS", "PERF_COUNTERS", "run_program", "run_programs",
+           "dram_capacity", "check_dram"]
 
 
 #: Backend names accepted by :func:`run_program`.
 SIMULATORS = ("verilator", "icarus", "model", "soc", "board")
+
+
+def dram_capacity(config, sim):
+    """Bytes of DRAM one program image may take on the backend ``sim``: what the NPU's
+    addresses reach (``config.dram_bytes``, 4 GiB) on the model and on the RTL simulators,
+    whose DRAM is sized to the image (``sim/dram.py``); the SoC's SDRAM on ``soc`` and
+    ``board``."""
+    if sim in ("soc", "board"):
+        from soc.memory_map import DRAM_SIZE
+        return min(DRAM_SIZE, config.dram_bytes)
+    return config.dram_bytes
+
+
+def check_dram(config, sim, programs):
+    """Refuse, in one line and before anything runs, a ``(dram, prog_addr, prog_len)``
+    program whose image does not fit :func:`dram_capacity`."""
+    capacity = dram_capacity(config, sim)
+    for index, (dram, _, _) in enumerate(programs):
+        if len(dram) > capacity:
+            where = (f"the SoC's SDRAM holds {capacity:,}" if sim in ("soc", "board")
+                     else f"a {config.addr_width}-bit address reaches {capacity:,}")
+            which = f"program {index} of {len(programs)}" if len(programs) > 1 else "the program"
+            raise NPUValueError(f"{which} and its data take {len(dram):,} bytes of DRAM; "
+                                f"{where} (--sim {sim})")
 
 
 def _import_rtl_runner():
@@ -75,6 +100,7 @@ def run_program(config, sim, dram, prog_addr, prog_len):
     """
     if sim == "model":
         from .model import ModelNPU
+        check_dram(config, sim, [(dram, prog_addr, prog_len)])
         return ModelNPU(config).run(dram, prog_addr, prog_len)
     return run_programs(config, sim, [(dram, prog_addr, prog_len)])[0]
 
@@ -83,8 +109,12 @@ def run_programs(config, sim, programs):
     """Run several ``(dram, prog_addr, prog_len)`` programs one after another.
 
     On the RTL backends they share one simulation (the NPU is not reset between them); the
-    model starts each from reset. Returns one :class:`RunResult` per program.
+    model starts each from reset. Returns one :class:`RunResult` per program. An image
+    larger than the backend's DRAM (:func:`dram_capacity`) is refused before any runs.
     """
+    programs = list(programs)
+    if sim in SIMULATORS:
+        check_dram(config, sim, programs)
     if sim == "model":
         from .model import ModelNPU
         return [ModelNPU(config).run(dram, prog_addr, prog_len)

@@ -406,3 +406,148 @@ def test_compile_reuses_a_given_plan():
                      schedule="resident", plan=plan)
     with pytest.raises(NPUTypeError, match="plan must be a Plan"):
         compile_qgemm(config, 20, 9, 7, **quant_operands, plan="resident")
+
+
+# Planning counts what emission emits, without emitting it (issue 51: a real network's plan
+# in seconds) ---------------------------------------------------------------------------------
+
+def random_gathers(seed, count):
+    """``count`` random quantized layers (GEMMs and convolutions of both lowerings, some with
+    known weights that have all-zero tiles) with a config and a block size each."""
+    import random
+    from sw.compiler import Conv2dGeometry, ConvGather, GemmGather
+    rng = random.Random(seed)
+    weights_rng = np.random.default_rng(seed)
+    for _ in range(count):
+        config = NPUConfig.from_name(rng.choice(["1x1", "2x2", "3x5", "4x4", "8x8"]),
+                                     spad_depth=rng.choice([16, 40, 2048]),
+                                     acc_depth=rng.choice([8, 33, 512]))
+        if rng.random() < 0.4:
+            gather = GemmGather(rng.randint(1, 80), rng.randint(1, 40), rng.randint(1, 30))
+        else:
+            kh, kw = rng.randint(1, 3), rng.randint(1, 3)
+            geometry = Conv2dGeometry(
+                rng.randint(1, 3), rng.randint(kh, 9), rng.randint(kw, 9), rng.randint(1, 12),
+                rng.randint(1, 12), kh, kw, stride=rng.randint(1, 2),
+                padding=tuple(rng.randint(0, 1) for _ in range(4)),
+                out_padding=rng.randint(0, 1))
+            gather = ConvGather(geometry, rng.choice(["taps", "kernel_rows"]))
+        if rng.random() < 0.5:
+            weights = weights_rng.integers(-3, 3, (gather.taps, gather.k_tap, gather.n))
+            weights[weights_rng.random(weights.shape) < rng.random()] = 0
+            gather.know_weights(weights.astype(np.int8))
+        schedule = rng.choice(["resident", "streaming"])
+        slices = gather.taps * -(-gather.k_tap // config.rows)
+        capacity = config.spad_depth - config.rows
+        most = capacity // slices if schedule == "resident" else capacity
+        if most < 1:
+            continue
+        yield config, gather, schedule, rng.randint(1, min(most, config.acc_depth, gather.m))
+
+
+def test_counted_plan_is_the_dry_emission():
+    """The plan's counts (:func:`sw.compiler.quantized._count_quantized`, which walks the
+    m-blocks only) equal those of emitting the program without encoding it, count by count."""
+    from sw.compiler.emitter import Emitter
+    from sw.compiler.quantized import _count_quantized, _emit_quantized
+    checked = 0
+    for config, gather, schedule, block_rows in random_gathers(seed=51, count=300):
+        dry = Emitter(config, dry=True)
+        _emit_quantized(dry, config, gather, schedule, block_rows, (0,) * 5, 0, -128, 127)
+        counted = _count_quantized(config, gather, schedule, block_rows)
+        names = ("instructions", "bytes_read", "bytes_written", "spad_rows_used",
+                 "acc_rows_used", "weight_loads")
+        assert {name: getattr(counted, name) for name in names} == \
+            {name: getattr(dry, name) for name in names}, (config, gather, schedule, block_rows)
+        assert all(type(getattr(counted, name)) is int for name in names)
+        checked += 1
+    assert checked > 200
+
+
+def test_nonzero_tiles_answer_as_tile_is_zero():
+    for config, gather, _, _ in random_gathers(seed=7, count=40):
+        rows, cols = config.rows, config.cols
+        table = gather.nonzero_tiles(rows, cols)
+        for tap, k_tile, n_tile in itertools.product(*map(range, table.shape)):
+            k, n = k_tile * rows, n_tile * cols
+            assert table[tap, k_tile, n_tile] == (not gather.tile_is_zero(
+                tap, k, k + rows, n, n + cols))
+
+
+def test_batched_encoding_is_the_codec_s():
+    """The emitter encodes in batches with numpy: every program is word for word what
+    encoding one instruction at a time with :func:`sw.codec.encode` gives."""
+    from unittest import mock
+    from sw.compiler import emitter
+    config = NPUConfig.from_name("4x4")
+    batched = golden_programs(config)
+    with mock.patch.object(emitter, "encode_rows", emitter._encode_each), \
+            mock.patch.object(emitter, "BATCH", 7):
+        one_by_one = golden_programs(config)
+    for family, programs in batched.items():
+        assert [p.words for p in programs] == [p.words for p in one_by_one[family]], family
+        assert all(type(word) is int for p in programs for word in p.words)
+
+
+def test_batched_encoding_keeps_the_codec_s_errors():
+    from hw.isa import QuantMode
+    from sw.compiler.emitter import Emitter
+    config = NPUConfig.from_name("4x4")
+    extremes = Emitter(config)
+    extremes.load_spad(0xFFFF, 0xFFFF, 0xFFFF, 0xFFFF_FFFF, 0xFFFF_FFFF)
+    extremes.load_quant(0xFFFF_FFFF, 0, 0xFFFF, -(1 << 14), -128, 127, QuantMode.FLOAT)
+    extremes.matmul(1, 2, 3, True, k_width=511, n_width=0)
+    extremes.end()
+    assert extremes.words == [
+        codec.encode(Opcode.LOAD_SPAD, local_addr=0xFFFF, rows=0xFFFF, row_bytes=0xFFFF,
+                     dram_addr=0xFFFF_FFFF, dram_stride=0xFFFF_FFFF),
+        codec.encode(Opcode.LOAD_QUANT, dram_addr=0xFFFF_FFFF, dram_stride=0,
+                     row_bytes=0xFFFF, zero_point=-(1 << 14), act_min=-128, act_max=127,
+                     mode=QuantMode.FLOAT),
+        codec.encode(Opcode.MATMUL, spad_addr=1, acc_addr=2, rows=3, accumulate=1,
+                     k_width=511),
+        codec.encode(Opcode.END)]
+    too_far = Emitter(config)
+    too_far.preload(3)
+    too_far.load_acc(0, 1, 4, 1 << 32, 0)
+    with pytest.raises(NPUValueError, match=r"LOAD_ACC field dram_addr must be in "
+                                            r"0\.\.4294967295 \(32 bits\), not 4294967296"):
+        too_far.words
+    not_int = Emitter(config)
+    not_int.store(0, 1.5, 4, 0, 0)
+    with pytest.raises(NPUTypeError, match="STORE field rows must be an integer"):
+        not_int.words
+
+
+#: sha256 (first 16 hex digits) of :func:`larger_programs`, computed on the tree before the
+#: plan was counted and the words encoded in batches (issue 51): the same programs.
+GOLDEN_LARGER = {"8x8": "5280c8667345e805", "16x16": "6b528eeaef50721c"}
+
+
+def larger_programs(config):
+    """Convolutions of hundreds of m-blocks (two images, padding, stride 2; with and without
+    weights whose all-zero tiles are skipped) and a GEMM of long K, in every schedule: 200,983
+    instructions on 8x8."""
+    from hw.isa import QuantMode
+    from sw.compiler import Conv2dGeometry, compile_conv2d, compile_qgemm
+    quant = dict(bias_addr=0x500000, quant_addr=0x600000, y_addr=0x700000, out_zero_point=2,
+                 act_min=-120, act_max=127)
+    weights = np.random.default_rng(51).integers(-8, 8, (3, 3, 48, 40)).astype(np.int8)
+    weights[:, :, :16, :] = 0
+    programs = []
+    for schedule in ("auto", "resident", "streaming"):
+        for geometry in (Conv2dGeometry(2, 20, 18, 48, 40, 3, 3, padding=1, out_padding=1),
+                         Conv2dGeometry(1, 23, 23, 48, 40, 3, 3, stride=2)):
+            for known in (None, weights):
+                programs.append(compile_conv2d(config, geometry, x_addr=0x1000, w_addr=0x400000,
+                                               weights=known, schedule=schedule,
+                                               quant_mode=QuantMode.FLOAT, **quant))
+        programs.append(compile_qgemm(config, 3, 2000, 300, a_addr=0x1000, b_addr=0x10000,
+                                      schedule=schedule, **quant))
+    return programs
+
+
+@pytest.mark.parametrize("config_name", sorted(GOLDEN_LARGER))
+def test_larger_programs_are_unchanged(config_name):
+    assert digest(larger_programs(NPUConfig.from_name(config_name))) == \
+        GOLDEN_LARGER[config_name]

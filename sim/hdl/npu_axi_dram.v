@@ -20,10 +20,12 @@
 // Only full-width INCR bursts are served (all the NPU issues; the protocol checker beside this
 // model fails any other).
 //
-// A beat whose bytes reach past `size` (bytes) is answered SLVERR: a read beat carries zeros,
-// a write beat writes none of its bytes past `size`. Up to FAULTS ranges [lo, hi) answer a read
-// beat that touches them with their response and POISON bytes, and a write byte inside them
-// is not written and its burst is answered with their response.
+// The memory holds WORDS bus words (the size class the runner builds, sim/dram.py), RATIO of
+// them an entry. A beat whose bytes reach past `size` (bytes: the program's image, set at run
+// time) is answered SLVERR: a read beat carries zeros, a write beat writes none of its bytes
+// past `size`. Up to FAULTS ranges [lo, hi) answer a read beat that touches them with their
+// response and POISON bytes, and a write byte inside them is not written and its burst is
+// answered with their response.
 
 `default_nettype none
 
@@ -32,6 +34,7 @@ module npu_axi_dram #(
     parameter ADDR_WIDTH = 32,
     parameter ID_WIDTH   = 1,
     parameter WORDS      = 1 << 21,      // memory depth in bus words
+    parameter RATIO      = 1,            // bus words per memory entry, a power of two (see mem)
     parameter R_LATENCY  = 2,            // AR accepted -> first R beat valid, cycles (>= 2)
     parameter B_LATENCY  = 2,            // last W beat accepted -> B valid, cycles (>= 2)
     parameter AR_DEPTH   = 8,            // reads accepted and not yet answered
@@ -86,15 +89,29 @@ module npu_axi_dram #(
 );
     localparam BYTES = DATA_WIDTH / 8;
     localparam LG = $clog2(BYTES);
-    localparam IDX = $clog2(WORDS);
+    localparam ENTRIES = WORDS / RATIO;
+    localparam IDX = $clog2(ENTRIES);            // entry index bits
+    localparam RL = $clog2(RATIO);               // bus word in its entry
     localparam AR_PTR = $clog2(AR_DEPTH);
     localparam AW_PTR = $clog2(AW_DEPTH);
     localparam B_DEPTH = 2 * AW_DEPTH;
     localparam B_PTR = $clog2(B_DEPTH);
     localparam OKAY = 2'd0, SLVERR = 2'd2;
 
-    reg [DATA_WIDTH-1:0] mem [0:WORDS-1];
-    reg [BYTES-1:0] written [0:WORDS-1];     // which bytes a write changed since the load
+    // A memory of more than 2^28 entries is refused by Verilator, so the largest memories of
+    // a narrow bus (4 GiB of 64-bit words) hold RATIO bus words an entry, the lowest address
+    // in the low bits: the load and dump files have one entry a line (sim/dram.py).
+    reg [RATIO*DATA_WIDTH-1:0] mem [0:ENTRIES-1];
+    reg [RATIO*BYTES-1:0] written [0:ENTRIES-1];    // bytes a write changed since the load
+    // The bus word of the byte address `addr` in its entry (always 0 with one an entry).
+    function [32:0] lane_of(input [32:0] addr);
+        lane_of = (RATIO == 1) ? 33'd0 : (addr >> LG) % RATIO;
+    endfunction
+
+    // The entries that `words` bus words (a load, a dump) cover.
+    function [31:0] entries(input [31:0] count);
+        entries = (count + RATIO - 1) / RATIO;
+    endfunction
 
     reg [31:0] now = 0;                          // cycles since reset: the time stamps' clock
     integer i, k;
@@ -222,7 +239,8 @@ module npu_axi_dram #(
             else if (fault != OKAY)
                 read_beat = {fault, {BYTES{POISON}}};
             else
-                read_beat = {OKAY, mem[beat[IDX+LG-1:LG]]};
+                read_beat = {OKAY, mem[beat[IDX+RL+LG-1:RL+LG]][lane_of(beat) * DATA_WIDTH
+                                                                +: DATA_WIDTH]};
         end
     endfunction
 
@@ -304,6 +322,8 @@ module npu_axi_dram #(
     reg        wr_slverr;                    // a byte of the burst fell past `size`
     reg [1:0]  wr_fault;                     // the last fault response of the burst
     reg [32:0] beat_addr;
+    reg [IDX-1:0] entry;                     // the beat's memory entry
+    reg [32:0] lane;                         // and its bus word in the entry
     reg [DATA_WIDTH-1:0] keep, merged;
     reg [BYTES-1:0] wrote;
     reg [1:0]  byte_fault;
@@ -326,14 +346,14 @@ module npu_axi_dram #(
         end else begin
             // The bench's commands; the NPU is idle while they run.
             if (command == 3'd1)
-                $readmemh("dram_load.hex", mem, 0, words - 1);
+                $readmemh("dram_load.hex", mem, 0, entries(words) - 1);
             if (command == 3'd2) begin
-                $writememh("dram_dump.hex", mem, 0, words - 1);
-                $writememh("dram_written.hex", written, 0, words - 1);
+                $writememh("dram_dump.hex", mem, 0, entries(words) - 1);
+                $writememh("dram_written.hex", written, 0, entries(words) - 1);
             end
             if (command == 3'd3)
-                for (i = 0; i < words; i = i + 1)
-                    written[i] <= {BYTES{1'b0}};
+                for (i = 0; i < entries(words); i = i + 1)
+                    written[i] <= {(RATIO*BYTES){1'b0}};
             if (s_awvalid && s_awready) begin
                 aw_addr[aw_tail[AW_PTR-1:0]] <= s_awaddr;
                 aw_len[aw_tail[AW_PTR-1:0]] <= s_awlen;
@@ -364,9 +384,13 @@ module npu_axi_dram #(
                 if (wrote != 0) begin
                     for (i = 0; i < BYTES; i = i + 1)
                         keep[8*i +: 8] = wrote[i] ? 8'h00 : 8'hFF;
-                    merged = (mem[beat_addr[IDX+LG-1:LG]] & keep) | (s_wdata & ~keep);
-                    mem[beat_addr[IDX+LG-1:LG]] <= merged;
-                    written[beat_addr[IDX+LG-1:LG]] <= written[beat_addr[IDX+LG-1:LG]] | wrote;
+                    entry = beat_addr[IDX+RL+LG-1:RL+LG];
+                    lane = lane_of(beat_addr);
+                    merged = (mem[entry][lane*DATA_WIDTH +: DATA_WIDTH] & keep)
+                             | (s_wdata & ~keep);
+                    mem[entry][lane*DATA_WIDTH +: DATA_WIDTH] <= merged;
+                    written[entry][lane*BYTES +: BYTES] <= written[entry][lane*BYTES +: BYTES]
+                                                           | wrote;
                 end
                 if (wr_beat == {1'b0, aw_len[aw_head_i]}) begin
                     // The burst's last beat: queue its response, take the next burst.

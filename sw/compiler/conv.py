@@ -243,6 +243,11 @@ class ConvGather(RowGather):
                              + ow * g.stride + kw) * g.in_pixel_stride, step)
             for offset, b, oh, ow, count in self._image_rows(start, stop))
 
+    def block_key(self, start, stop):
+        # The runs of a block follow from where it starts in its image and how long it is:
+        # another image's block at the same place differs only in its addresses.
+        return start % (self.geometry.out_height * self.geometry.out_width), stop - start
+
     def output_runs(self, start, stop):
         g = self.geometry
         top, _, left, _ = g.out_padding

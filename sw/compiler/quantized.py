@@ -108,6 +108,7 @@ class RowGather:
             raise NPUValueError(f"the weights hold {weights.size} values, not taps x k_tap x "
                                 f"n = {self.taps * self.k_tap * self.n}")
         self.weights = weights.reshape(self.taps, self.k_tap, self.n)
+        self.__dict__.pop("_nonzero_tiles", None)
         return self
 
     def tile_is_zero(self, tap, k_start, k_stop, n_start, n_stop):
@@ -115,10 +116,34 @@ class RowGather:
         return self.weights is not None and not np.any(
             self.weights[tap, k_start:k_stop, n_start:n_stop])
 
+    def nonzero_tiles(self, rows, cols):
+        """``taps x k_tiles x n_tiles`` booleans: whether the weight tile of ``rows x cols``
+        (``k_tiles = ceil(k_tap / rows)``, ``n_tiles = ceil(n / cols)``) may hold a nonzero
+        weight; all true when the weights are not known. The same answer as
+        :meth:`tile_is_zero` for every tile, computed once for all of them (the compiler asks
+        for every tile of every m-block)."""
+        k_tiles, n_tiles = -(-self.k_tap // rows), -(-self.n // cols)
+        if self.weights is None:
+            return np.ones((self.taps, k_tiles, n_tiles), dtype=bool)
+        cache = self.__dict__.setdefault("_nonzero_tiles", {})
+        if (rows, cols) not in cache:
+            padded = np.zeros((self.taps, k_tiles * rows, n_tiles * cols), dtype=bool)
+            padded[:, :self.k_tap, :self.n] = self.weights != 0
+            cache[rows, cols] = padded.reshape(self.taps, k_tiles, rows, n_tiles,
+                                               cols).any(axis=(2, 4))
+        return cache[rows, cols]
+
     def activation_runs(self, tap, start, stop):
         """The activation rows of output rows ``start .. stop-1`` for ``tap``, as runs
         ``(offset, rows, addr, stride)`` (see :func:`merge_runs`), channel 0."""
         raise NotImplementedError
+
+    def block_key(self, start, stop):
+        """A key equal for two blocks of output rows whose runs (:meth:`activation_runs`
+        of every tap, :meth:`output_runs`) have the same offsets and row counts, only their
+        addresses differing; ``None`` (the default) when unknown. Planning counts each such
+        block once (:func:`_count_quantized`)."""
+        return None
 
     def output_runs(self, start, stop):
         """Where output rows ``start .. stop-1`` go, as runs, channel 0."""
@@ -157,6 +182,9 @@ class GemmGather(RowGather):
     def activation_runs(self, tap, start, stop):
         return merge_runs([(0, stop - start, start * self.a_stride, self.a_stride)])
 
+    def block_key(self, start, stop):
+        return stop - start                  # one run of each, whatever the block
+
     def output_runs(self, start, stop):
         return merge_runs([(0, stop - start, start * self.y_stride, self.y_stride)])
 
@@ -177,6 +205,7 @@ def _emit_quantized(emit, config, gather, schedule, block_rows, addresses, zero_
                         row_bytes=4 * min(cols, n - n_start), zero_point=zero_point,
                         act_min=act_min, act_max=act_max, mode=quant_mode)
 
+    nonzero = gather.nonzero_tiles(rows, cols)
     if len(n_starts) == 1:
         load_quant(0)
     for start in range(0, m, block_rows):
@@ -193,14 +222,13 @@ def _emit_quantized(emit, config, gather, schedule, block_rows, addresses, zero_
             # Slice (tap, k-tile) number `slot` lives at activation_base + slot * block_rows.
             for slot, (tap, k_start) in enumerate(slices):
                 load_activations(tap, k_start, activation_base + slot * block_rows)
-        for n_start in n_starts:
+        for n_tile, n_start in enumerate(n_starts):
             n_width = min(cols, n - n_start)
             # The bias row, replicated by a zero stride, starts every accumulator row.
             emit.load_acc(local_addr=0, rows=stop - start, row_bytes=4 * n_width,
                           dram_addr=bias_addr + 4 * n_start, dram_stride=0)
             for slot, (tap, k_start) in enumerate(slices):
-                if gather.tile_is_zero(tap, k_start, k_start + rows, n_start,
-                                       n_start + n_width):
+                if not nonzero[tap, k_start // rows, n_tile]:
                     continue
                 emit.load_spad(local_addr=WEIGHT_BASE, rows=min(rows, k_tap - k_start),
                                row_bytes=n_width,
@@ -222,11 +250,105 @@ def _emit_quantized(emit, config, gather, schedule, block_rows, addresses, zero_
     emit.end()
 
 
+def _count_quantized(config, gather, schedule, block_rows):
+    """What :func:`_emit_quantized` would emit, counted without emitting it: an
+    :class:`Emitter` whose counts (instructions, bytes, rows used, weight loads) are those of
+    the program. Planning weighs every candidate schedule, and the programs of a large layer
+    run to millions of instructions (a resident schedule with blocks of a few rows, the
+    candidate that loses, most of all); this walks the m-blocks only and sums the n-tiles and
+    weight tiles of each with arithmetic. :func:`compile_gathered` checks these counts
+    against the program it emits, and ``tb/test_compiler.py`` against a dry emission."""
+    rows, cols = config.rows, config.cols
+    m, n, k_tap, taps = gather.m, gather.n, gather.k_tap, gather.taps
+    resident = schedule == "resident"
+    activation_base = WEIGHT_BASE + rows
+    n_widths = np.minimum(cols, n - np.arange(0, n, cols))
+    n_tiles = len(n_widths)
+    k_starts = np.arange(0, k_tap, rows)
+    k_rows = np.minimum(rows, k_tap - k_starts)                    # per k-tile
+    slot_tap = np.repeat(np.arange(taps), len(k_starts))           # per slot (tap, k-tile)
+    slot_rows = np.tile(k_rows, taps)
+    nonzero = gather.nonzero_tiles(rows, cols).reshape(len(slot_tap), n_tiles)
+    loads_of_slot = nonzero.sum(axis=1)                            # weight tiles per slot
+    weight_loads = int(loads_of_slot.sum())
+    weight_bytes = int((nonzero * slot_rows[:, None] * n_widths[None, :]).sum())
+    # Per tap: streamed activation loads (one per weight tile) and their row bytes.
+    streamed_loads = np.zeros(taps, dtype=np.int64)
+    np.add.at(streamed_loads, slot_tap, loads_of_slot)
+    streamed_row_bytes = np.zeros(taps, dtype=np.int64)
+    np.add.at(streamed_row_bytes, slot_tap, loads_of_slot * slot_rows)
+    slots_of_tap = np.full(taps, len(k_starts))
+    slot_offsets = activation_base + np.arange(len(slot_tap)) * block_rows
+    last_nonzero_slot = int(np.flatnonzero(loads_of_slot)[-1]) if weight_loads else -1
+
+    def count(start, stop):
+        """``(instructions, read, written, spad rows, acc rows)`` of the block."""
+        block = stop - start
+        runs = [gather.activation_runs(tap, start, stop) for tap in range(taps)]
+        run_counts = np.array([len(tap_runs) for tap_runs in runs], dtype=np.int64)
+        run_rows = np.array([sum(run[1] for run in tap_runs) for tap_runs in runs],
+                            dtype=np.int64)
+        run_ends = np.array([max((run[0] + run[1] for run in tap_runs), default=0)
+                             for tap_runs in runs], dtype=np.int64)
+        outputs = gather.output_runs(start, stop)
+        instructions = n_tiles * (1 + len(outputs)) + 3 * weight_loads
+        read = 4 * n * block + weight_bytes
+        spad = acc = 0
+        if resident:
+            instructions += int((slots_of_tap * run_counts).sum())
+            read += int((run_rows * k_tap).sum())
+            loaded = run_counts[slot_tap] > 0
+            if loaded.any():
+                spad = int((slot_offsets + run_ends[slot_tap])[loaded].max())
+        else:
+            instructions += int((streamed_loads * run_counts).sum())
+            read += int((streamed_row_bytes * run_rows).sum())
+            streamed = (streamed_loads > 0) & (run_counts > 0)
+            if streamed.any():
+                spad = activation_base + int(run_ends[streamed].max())
+        if n_tiles > 1:
+            instructions += n_tiles
+            read += 2 * 4 * n
+        acc = block
+        if weight_loads:
+            last_slot = last_nonzero_slot if resident else 0
+            spad = max(spad, WEIGHT_BASE + rows, activation_base + last_slot * block_rows + block)
+        if outputs:
+            acc = max(acc, max(offset + count for offset, count, _, _ in outputs))
+        written = n * sum(count for _, count, _, _ in outputs)
+        return instructions, read, written, spad, acc
+
+    emit = Emitter(config, dry=True)
+    if n_tiles == 1:
+        emit.instructions += 1
+        emit.bytes_read += 2 * 4 * int(n_widths[0])
+    counted = {}                             # block key -> its counts
+    for start in range(0, m, block_rows):
+        stop = min(start + block_rows, m)
+        key = gather.block_key(start, stop)
+        counts = counted.get(key) if key is not None else None
+        if counts is None:
+            counts = count(start, stop)
+            if key is not None:
+                counted[key] = counts
+        instructions, read, written, spad, acc = counts
+        emit.instructions += instructions
+        emit.bytes_read += read
+        emit.bytes_written += written
+        emit.weight_loads += weight_loads
+        emit.spad_rows_used = max(emit.spad_rows_used, spad)
+        emit.acc_rows_used = max(emit.acc_rows_used, acc)
+    emit.instructions += 1                                         # END
+    return emit
+
+
 def plan_quantized(config, gather, *, schedule="auto"):
     """Choose how to place the quantized layer described by ``gather`` on ``config``.
 
-    Each candidate schedule is emitted once without encoding, so the counts in the plan are
-    those of the program :func:`compile_quantized` emits (they do not depend on addresses).
+    Each candidate schedule is counted (:func:`_count_quantized`: what its program would
+    hold, block by block, without emitting it), so the counts in the plan are those of the
+    program :func:`compile_quantized` emits, which checks them (they do not depend on
+    addresses).
 
     Parameters
     ----------
@@ -256,10 +378,8 @@ def plan_quantized(config, gather, *, schedule="auto"):
         return rows
 
     def counted(schedule, block_rows):
-        emit = Emitter(config, dry=True)
-        _emit_quantized(emit, config, gather, schedule, block_rows, (0, 0, 0, 0, 0), 0,
-                        -128, 127)
-        return _counted_plan(config, gather, schedule, block_rows, emit)
+        return _counted_plan(config, gather, schedule, block_rows,
+                             _count_quantized(config, gather, schedule, block_rows))
 
     candidates = []
     if schedule in ("auto", "resident"):

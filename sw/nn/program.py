@@ -27,6 +27,13 @@ DRAM image (every region 64-byte aligned)::
              per NPU operator: weights (INT8, HWIO or K x N), bias (INT32, the input zero
              point folded in), requantization parameters (N multipliers, N shifts, INT32)
              activation arena (buffers as planned)
+
+Both lay the image out first (:class:`ImageLayout`: the operators' plans, every region's
+address, the image's size), then compile and fill it; :func:`layout_fused_program` is that
+first step alone, for ``npu onnx --plan``: the plans are counted, not emitted
+(:mod:`sw.compiler.quantized`), so a network of tens of millions of instructions is laid out
+in a second or two. An image larger than the 4 GiB the DMA's addresses reach is refused
+before anything is compiled (:func:`check_addressable`).
 """
 
 from dataclasses import dataclass
@@ -43,8 +50,8 @@ from .memory import TensorLife, plan_buffers
 
 
 __all__ = ["ActivationBuffer", "LOWERINGS", "activation_buffers", "fused_lifetimes",
-           "NetworkImage", "build_fused_program",
-           "build_layer_program", "program_traffic"]
+           "NetworkImage", "ImageLayout", "layout_fused_program", "check_addressable",
+           "build_fused_program", "build_layer_program", "program_traffic"]
 
 
 def _align(value, alignment):

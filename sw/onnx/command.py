@@ -72,42 +72,6 @@ def _onnxruntime_outputs(path, x, input_name):
     return dict(zip(names, session.run(None, {input_name: x})))
 
 
-def _plan_report(graph, x, config):
-    from ..ir.grouping import NpuGroup, schedule
-    from ..ir.placement import place
-    from ..ir.runner import group_input
-    from ..nn.program import build_fused_program
-    from .lower import to_graph
-    from .runtime import infer_shapes
-    shapes = infer_shapes(graph, x)
-    core = to_graph(graph, shapes)
-    placements = place(core)
-    groups = [step for step in schedule(core, placements) if isinstance(step, NpuGroup)]
-    report = {"placements": [p.__dict__ for p in placements], "groups": []}
-    for group in groups:
-        image = build_fused_program(config, group.ops, group_input(core, group, np.zeros(
-            shapes[group.input], dtype=np.int8)))
-        regions = {name: {"addr": addr, "bytes": size}
-                   for name, (addr, size) in sorted(image.regions.items(),
-                                                    key=lambda item: item[1][0])}
-        report["groups"].append({
-            "nodes": [node.name for node in group.nodes], "input": group.input,
-            "output": group.output, "instructions": image.program_len,
-            "dram_bytes": int(image.dram.size), "regions": regions})
-    return report
-
-
-def _print_plan(report, batch):
-    print(f"placement (batch {batch}):")
-    for p in report["placements"]:
-        print(f"  {p['node']:<28} {p['op_type']:<16} {p['device'].upper():<4} {p['reason']}")
-    for index, group in enumerate(report["groups"]):
-        print(f"NPU group {index}: {' -> '.join(group['nodes'])}  "
-              f"({group['instructions']} instructions, {group['dram_bytes']} bytes of DRAM)")
-        for name, region in group["regions"].items():
-            print(f"  0x{region['addr']:08x} {region['bytes']:>9} B  {name}")
-
-
 def _quantized(arguments, folder):
     """Quantize the float model ``arguments.model`` with ``--calibrate``'s samples into
     ``folder``; the quantized file's path. Errors name the user's files, never the temporary
@@ -164,11 +128,13 @@ def run(arguments, config):
             x = _placeholder_input(graph) if x is None else x
             from .runtime import check_input
             check_input(graph, x)
-            report = _plan_report(graph, x, config)
+            from .plan import check_fits, plan_report, print_plan
+            report = plan_report(graph, x, config, batch=arguments.batch, sim=arguments.sim)
             if arguments.json:
                 print(json.dumps(report, indent=1))
             else:
-                _print_plan(report, len(x))
+                print_plan(report)
+            check_fits(report)
             return 0
         run_result = run_model(graph, x, config=config, sim=arguments.sim,
                                batch=arguments.batch)
