@@ -137,7 +137,7 @@ def run(arguments, config):
             check_fits(report)
             return 0
         run_result = run_model(graph, x, config=config, sim=arguments.sim,
-                               batch=arguments.batch)
+                               batch=arguments.batch, progress=not arguments.json)
         verdict = None
         if arguments.check:
             try:
@@ -168,6 +168,8 @@ def run(arguments, config):
             "placements": [p.__dict__ for p in run_result.placements],
             "groups": [[n.name for n in g.nodes] for g in run_result.groups],
             "npu_macs": run_result.npu_macs, "cpu_macs": run_result.cpu_macs,
+            "npu_share": run_result.npu_share,
+            "host_partitions": [step.names for step in run_result.partitions],
             "cycles": run_result.cycles, "cycles_predicted": run_result.cycles_predicted,
             "counters": run_result.counters,
             "programs": run_result.programs, "instructions": run_result.instructions,
@@ -175,8 +177,10 @@ def run(arguments, config):
     else:
         npu = sum(p.device == "npu" for p in run_result.placements)
         print(f"{arguments.model}: {len(x)} samples, {npu} of {len(run_result.placements)} "
-              f"nodes on the NPU ({run_result.npu_macs} MACs; {run_result.cpu_macs} on the "
-              f"CPU), {run_result.programs} programs, cycles {run_result.cycles}")
+              f"nodes on the NPU ({run_result.npu_share:.1%} of the MACs: "
+              f"{run_result.npu_macs} on the NPU, {run_result.cpu_macs} on the host), "
+              f"{run_result.programs} programs, {len(run_result.partitions)} host partitions "
+              f"on onnxruntime, cycles {run_result.cycles}")
         if verdict is not None:
             for name, equal in verdict.items():
                 print(f"  {name}: {'equal to onnxruntime' if equal else 'DIFFERS from onnxruntime'}")
