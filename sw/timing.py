@@ -5,9 +5,12 @@
 returns the cycle count and the counters the hardware reports (:data:`hw.isa.PERF_COUNTERS`)
 without computing any data. It follows the RTL register for register where timing is
 decided: the fetcher, the decoder's stages and instruction queue, the issue stage's hazard
-checks, the four units, the array's latency, the accumulator's read-modify-write, the DMA's
-bursts and row geometry. ``tb/test_timing.py`` checks that it equals the RTL's own counters,
-cycle for cycle, on a sweep of GEMM shapes and configurations.
+checks, the four units (the load unit's ``LOAD_QUANT`` check, the store unit's ``STORE_Q``
+stream through the requantizer and its queue), the array's latency, the accumulator's
+read-modify-write, the DMA's bursts and row geometry. ``tb/test_timing.py`` checks that it
+equals the RTL's own counters, cycle for cycle, on a sweep of GEMM shapes and
+configurations, and ``tb/test_timing_quant.py`` on quantized GEMMs, convolutions, depthwise
+convolutions, whole networks and random programs of every opcode.
 
 The DRAM is modelled as the simulation's DRAM answers without back-pressure (the HDL one,
 :class:`sim.dram.HDLDram`, whose latencies are the defaults here, and cocotbext-axi's AXI4
@@ -29,8 +32,10 @@ and writes take turns on. :data:`MEMORIES` names two: ``"sim"`` (the above, exac
 misses and LiteDRAM's queues and arbitration are not modelled, and docs/board.md states
 the error against the simulated SoC.
 
-Only the instructions of GEMM programs are modelled: ``LOAD_SPAD``, ``PRELOAD``, ``MATMUL``,
-``STORE`` and ``END``; programs are assumed to run without error.
+Every instruction is modelled. Programs are assumed to run without error, and to start as a
+compiled program leaves the NPU: with no weight tile waiting for the ``MATMUL`` that commits
+it (a ``PRELOAD`` with no ``MATMUL`` after it would carry its commit into the next program).
+A store over the program itself (which makes the fetcher read it again) is not modelled.
 """
 
 from collections import deque
@@ -40,8 +45,10 @@ from hw.accumulator import WRITE_LATENCY
 from hw.bram import READ_LATENCY as SRAM_READ_LATENCY
 from hw.config import FETCH_BURST, FETCH_HIGH_WATER, FETCH_LOW_WATER
 from hw.controller.decoder import LATENCY as DECODE_LATENCY
+from hw.controller.store_unit import StoreUnit
 from hw.dma import MAX_READS_OUTSTANDING
 from hw.isa import INSTR_BYTES, Opcode
+from hw.requant import Requantizer
 from sim import dram as simulated_dram
 
 from . import codec
@@ -49,7 +56,7 @@ from .errors import NPUValueError
 
 
 __all__ = ["Timing", "Memory", "MEMORIES", "memory_for", "predict", "predict_gemm",
-           "READ_LATENCY", "WRITE_RESPONSE_LATENCY"]
+           "READ_LATENCY", "WRITE_RESPONSE_LATENCY", "QUANT_CHECK_CYCLES"]
 
 
 #: Cycles from the cycle a read command is granted to its first data beat: the command is
@@ -155,7 +162,17 @@ def memory_for(memory, config):
     return MEMORIES[memory](config.bus_width)
 
 
-_MODELLED = {Opcode.END, Opcode.LOAD_SPAD, Opcode.PRELOAD, Opcode.MATMUL, Opcode.STORE}
+#: Cycles a ``LOAD_QUANT`` holds the load unit after the reader's ``done``: the unit checks
+#: the staged rows (``check``), then ORs the lanes' verdicts (``lanes_checked``), then
+#: registers the verdict (``judged``), and is idle in the cycle after that
+#: (``hw/controller/load_unit.py``).
+QUANT_CHECK_CYCLES = 3
+#: Cycles from a ``STORE_Q`` row's read to its requantized row entering the store unit's
+#: queue (the queue's write): the accumulator's read and the requantizer. The queue (a
+#: ``SyncFIFO`` and its read register) adds its two cycles of :attr:`StoreUnit.ROUND_TRIP`
+#: as the model steps it.
+_REQUANT_ARRIVAL = SRAM_READ_LATENCY + Requantizer.latency
+assert StoreUnit.ROUND_TRIP == _REQUANT_ARRIVAL + 2
 
 
 @dataclass(frozen=True)
@@ -234,18 +251,24 @@ def _overlap(a, a_rows, b, b_rows):
     return a < b + b_rows and b < a + a_rows
 
 
+_BLOCKS = (Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.STORE, Opcode.STORE_Q)
+_STORES = (Opcode.STORE, Opcode.STORE_Q)
+
+
 def _decode_program(words):
     program = []
     for index, word in enumerate(words):
         opcode, fields = codec.decode(word)
-        if opcode not in _MODELLED:
-            name = "an illegal opcode" if opcode is None else opcode.name
-            raise NPUValueError(f"instruction {index} is {name}: the cycle model covers only "
-                                f"LOAD_SPAD, PRELOAD, MATMUL, STORE and END")
+        if opcode is None:
+            raise NPUValueError(f"instruction {index} is an illegal opcode: the cycle model "
+                                f"covers programs that run without error")
         lo = hi = 0
-        if opcode in (Opcode.LOAD_SPAD, Opcode.STORE):
+        if opcode in _BLOCKS:
             lo = fields["dram_addr"]
             hi = lo + (fields["rows"] - 1) * fields["dram_stride"] + fields["row_bytes"]
+        elif opcode is Opcode.LOAD_QUANT:        # its two rows (the decoder's bounds)
+            lo = fields["dram_addr"]
+            hi = lo + fields["dram_stride"] + fields["row_bytes"]
         program.append((opcode, fields, lo, hi))
     if not program or program[-1][0] is not Opcode.END:
         raise NPUValueError("the cycle model needs a program that ends in END")
@@ -269,9 +292,9 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
     least 2) and from a burst's last write beat to its response (at least 1); see
     :data:`READ_LATENCY` and :data:`WRITE_RESPONSE_LATENCY`.
 
-    Raises :class:`~sw.errors.NPUValueError` for an instruction the model does not cover, an
-    unknown memory or a latency below its minimum, and ``RuntimeError`` if the program does
-    not end within ``max_cycles``.
+    Raises :class:`~sw.errors.NPUValueError` for an illegal opcode, a program that does not
+    end in END, an unknown memory or a latency below its minimum, and ``RuntimeError`` if the
+    program does not end within ``max_cycles``.
     """
     memory = memory_for(memory, config)
     if read_latency is None:
@@ -291,6 +314,7 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
     rows, cols = config.rows, config.cols
     bus = config.bus_bytes
     latency = rows + cols - 1                # the array: activation row in -> result out
+    queue_depth = StoreUnit.QUEUE_DEPTH
 
     # Fetcher, decoder (its three stages, instruction queue and output register).
     fetch_pc = 0                             # instructions the fetcher delivered
@@ -302,10 +326,13 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
     reader_busy = reader_is_load = False
     row_times = deque()
     read_done_at = 0
-    # Load unit.
+    # Load unit: LOAD_SPAD, LOAD_ACC (whose rows go to the accumulator's write port) or
+    # LOAD_QUANT (busy until its check, QUANT_CHECK_CYCLES after the reader's done).
     ld_busy = ld_sent = False
+    ld_kind = None
     ld_cmd = None                            # (addr, rows, row_bytes, stride)
-    ld_local = ld_rows = 0
+    ld_local = ld_rows = ld_count = 0
+    ld_judged_at = None                      # LOAD_QUANT: the cycle of its verdict
     # Weight loader.
     wl_busy = False
     wl_addr = wl_count = 0
@@ -317,13 +344,20 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
     results = deque()                        # cycles in which a result row leaves the array
     wb_slots = deque()                       # (acc_addr, rows) of MATMULs still writing
     out_count = 0
-    # The rows of the results accepted in the cycles before (None: none), newest first.
+    # The rows of the accumulator's writes (results, LOAD_ACC rows) accepted in the cycles
+    # before (None: none), newest first.
     acc_writes = [None] * WRITE_LATENCY
-    # Store unit (IDLE, COMMAND, READ, ROW, WAIT) and DMA writer (IDLE, ROW, ADDRESS,
-    # DATA, RESPONSES) with its one-row buffer.
+    # Store unit (IDLE, COMMAND, READ, ROW for STORE, STREAM for STORE_Q, WAIT) and DMA
+    # writer (IDLE, ROW, ADDRESS, DATA, RESPONSES) with its one-row buffer.
     sd_state = "IDLE"
     sd_acc = sd_rows = sd_count = sd_lo = sd_hi = 0
+    sd_quantized = False
     sd_cmd = None
+    # STORE_Q: reads still to make, rows read and not handed over, the cycles in which
+    # requantized rows enter the queue, the queue's level and its read register's flag.
+    sq_reads_left = sq_in_flight = sq_level = 0
+    sq_arrivals = deque()
+    sq_valid = False
     wr_state = "IDLE"
     wr_row_addr = wr_rows_left = wr_row_bytes = wr_stride = 0
     wr_beat_addr = wr_beats_left = wr_burst_left = 0
@@ -351,9 +385,11 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
         if dec_valid:
             opcode, fields, head_lo, head_hi = program[pc]
             sd_busy = sd_state != "IDLE"
+            to_spad = ld_busy and ld_kind is Opcode.LOAD_SPAD
             if opcode is Opcode.MATMUL:
-                blocked_load = ld_busy and _overlap(fields["spad_addr"], fields["rows"],
-                                                    ld_local, ld_rows)
+                blocked_load = ((ld_busy and ld_kind is Opcode.LOAD_ACC) or
+                                (to_spad and _overlap(fields["spad_addr"], fields["rows"],
+                                                      ld_local, ld_rows)))
                 blocked_store = sd_busy and _overlap(fields["acc_addr"], fields["rows"],
                                                      sd_acc, sd_rows)
                 blocked_array = ((st_busy and st_count != st_rows - 1) or len(wb_slots) == 2
@@ -367,11 +403,11 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
                     (wl_busy and _overlap(fields["local_addr"], fields["rows"], wl_addr,
                                           rows)))
             elif opcode is Opcode.PRELOAD:
-                blocked_load = ld_busy and _overlap(fields["spad_addr"], rows, ld_local,
+                blocked_load = to_spad and _overlap(fields["spad_addr"], rows, ld_local,
                                                     ld_rows)
                 blocked_store = False
                 blocked_array = wl_busy
-            elif opcode is Opcode.STORE:
+            elif opcode in _STORES:
                 blocked_load = ld_busy
                 blocked_store = sd_busy
                 blocked_array = any(
@@ -379,6 +415,15 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
                 ) or any(row is not None and                 # a write its read would miss
                          fields["acc_addr"] <= row < fields["acc_addr"] + fields["rows"]
                          for row in acc_writes[:SRAM_READ_LATENCY])
+            elif opcode is Opcode.LOAD_ACC:  # on a drained array, after the stores
+                blocked_load = ld_busy
+                blocked_store = sd_busy
+                blocked_array = st_busy or bool(wb_slots) or any(
+                    row is not None for row in acc_writes)
+            elif opcode is Opcode.LOAD_QUANT:    # after the stores (the state they use)
+                blocked_load = ld_busy
+                blocked_store = sd_busy
+                blocked_array = False
             else:                            # END
                 blocked_load = ld_busy or reader_busy
                 blocked_store = sd_busy
@@ -424,11 +469,16 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
         if decoding and decoding[0] == t:
             decoding.popleft()
             next_level += 1
+        load_acc_row = None                  # a LOAD_ACC row written in this cycle
         if read_row:
             row_times.popleft()
             if not reader_is_load:
                 decoding.append(t + DECODE_LATENCY)
                 fetch_pc += 1
+            else:
+                if ld_kind is Opcode.LOAD_ACC:
+                    load_acc_row = ld_local + ld_count
+                ld_count += 1
         if level > 0 and (not dec_valid or issue):
             next_level -= 1
             dec_valid = True
@@ -436,11 +486,18 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
             dec_valid = False
         level = next_level
 
-        # Reader.
+        # Reader, and the load unit's end: the cycle after the reader's done, or for a
+        # LOAD_QUANT the cycle after its verdict.
         if read_done:
             reader_busy = False
             if reader_is_load:
-                ld_busy = False
+                if ld_kind is Opcode.LOAD_QUANT:
+                    ld_judged_at = t + QUANT_CHECK_CYCLES
+                else:
+                    ld_busy = False
+        if ld_judged_at == t:
+            ld_busy = False
+            ld_judged_at = None
         if grant is not None:
             reader_busy, reader_is_load = True, grant_load
             if grant_load:
@@ -474,8 +531,13 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
                 st_busy = False
             st_count += 1
 
-        # Results into the accumulator, oldest MATMUL first.
-        acc_writes = ([wb_slots[0][0] + out_count] if result_valid else [None]) + acc_writes[:-1]
+        # Results into the accumulator, oldest MATMUL first; a LOAD_ACC row (never in the
+        # cycle of a result: it issues on a drained array) through the same write port.
+        if result_valid:
+            write_row = wb_slots[0][0] + out_count
+        else:
+            write_row = load_acc_row
+        acc_writes = [write_row] + acc_writes[:-1]
         if result_valid:
             results.popleft()
             if out_count == wb_slots[0][1] - 1:
@@ -488,12 +550,18 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
         # into the writer's one-row buffer, which takes a row whenever it is empty (row.ready
         # is its empty flag, whatever the writer's state), and the writer loads a row only
         # from there: in ROW, or at the end of the row before (DATA). Loading a row moves
-        # the writer's row address on to the next.
+        # the writer's row address on to the next. A STORE hands over a row from its ROW
+        # state, a STORE_Q from its queue's read register (sq_valid).
         next_sd, next_wr = sd_state, wr_state
-        row_taken = sd_state == "ROW" and not wr_buffered
+        row_ready = not wr_buffered
+        sq_valid_now = sq_valid
+        row_taken = (sd_state == "ROW" or sq_valid) and row_ready
+        quantized_read = False
         if sd_state == "COMMAND":
             if wr_state == "IDLE":
-                next_sd = "READ"
+                # The first row is read as the writer takes the command.
+                next_sd = "STREAM" if sd_quantized else "READ"
+                quantized_read = sd_quantized
                 wr_row_addr, wr_rows_left, wr_row_bytes, wr_stride = sd_cmd
                 next_wr = "ROW"
         elif sd_state == "READ":
@@ -502,9 +570,33 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
             if row_taken:
                 next_sd = "WAIT" if sd_count == sd_rows - 1 else "READ"
                 sd_count += 1
+        elif sd_state == "STREAM":
+            # Read while rows are left and fewer than the queue holds are in flight.
+            if sq_reads_left and sq_in_flight < queue_depth:
+                quantized_read = True
+                sq_reads_left -= 1
+            if row_taken:
+                if sd_count == sd_rows - 1:
+                    next_sd = "WAIT"
+                sd_count += 1
         elif sd_state == "WAIT":
             if write_done:
                 next_sd = "IDLE"
+        # STORE_Q's rows: requantized into the queue (a SyncFIFO, then its read register,
+        # which takes the FIFO's front row when empty or handed over).
+        if sq_arrivals or sq_level or sq_valid:
+            entered = bool(sq_arrivals) and sq_arrivals[0] == t
+            if entered:
+                sq_arrivals.popleft()
+            if sq_level and (not sq_valid or row_ready):
+                sq_level -= 1
+                sq_valid = True
+            elif row_ready:
+                sq_valid = False
+            sq_level += entered
+        if quantized_read:
+            sq_arrivals.append(t + _REQUANT_ARRIVAL)
+        sq_in_flight += quantized_read - (sq_valid_now and row_ready)
         load = False
         if wr_state == "ROW":
             load = wr_buffered
@@ -550,11 +642,16 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
         if issue:
             instructions += 1
             pc += 1
-            if opcode is Opcode.LOAD_SPAD:
-                ld_busy, ld_sent = True, False
-                ld_local, ld_rows = fields["local_addr"], fields["rows"]
-                ld_cmd = (fields["dram_addr"], fields["rows"], fields["row_bytes"],
-                          fields["dram_stride"])
+            if opcode in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.LOAD_QUANT):
+                ld_busy, ld_sent, ld_kind, ld_count = True, False, opcode, 0
+                if opcode is Opcode.LOAD_QUANT:      # two rows: multipliers, shifts
+                    ld_local = ld_rows = 0
+                    ld_cmd = (fields["dram_addr"], 2, fields["row_bytes"],
+                              fields["dram_stride"])
+                else:
+                    ld_local, ld_rows = fields["local_addr"], fields["rows"]
+                    ld_cmd = (fields["dram_addr"], fields["rows"], fields["row_bytes"],
+                              fields["dram_stride"])
             elif opcode is Opcode.PRELOAD:
                 wl_busy, wl_addr, wl_count = True, fields["spad_addr"], 0
             elif opcode is Opcode.MATMUL:
@@ -565,10 +662,12 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
                                                        fields["rows"], 0)
                 st_macs = (fields.get("k_width") or rows) * (fields.get("n_width") or cols)
                 commit_pending = False
-            elif opcode is Opcode.STORE:
+            elif opcode in _STORES:
                 sd_state = "COMMAND"
                 sd_acc, sd_rows, sd_count = fields["acc_addr"], fields["rows"], 0
                 sd_lo, sd_hi = head_lo, head_hi
+                sd_quantized = opcode is Opcode.STORE_Q
+                sq_reads_left = fields["rows"] - 1   # after the one as the command is taken
                 sd_cmd = (fields["dram_addr"], fields["rows"], fields["row_bytes"],
                           fields["dram_stride"])
         t += 1
