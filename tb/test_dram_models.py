@@ -61,7 +61,7 @@ def test_gemms_agree(config, monkeypatch):
 
 
 def test_quantized_gemms_agree(monkeypatch):
-    """LOAD_ACC, LOAD_QUANT and STORE_Q: instructions the cycle model does not cover."""
+    """LOAD_ACC, LOAD_QUANT and STORE_Q: the quantized instructions."""
     config = NPUConfig.from_name("4x4", bus_width=64)
     rng = np.random.default_rng(SEED)
     problems = []
