@@ -2,12 +2,14 @@
 
 What is simulated is :class:`sim.bench_top.NPUBench`: the NPU with the AXI4 protocol checker
 on its master, so every RTL test and every driver run is checked. Builds live in
-``build/sim/<simulator>/<config>-<hash>``, where the hash covers the gateware sources and the
-checker, so a build is made once per configuration and simulator and reused by every test
-and every driver call until ``hw/`` (or the bench's own gateware) changes; Verilator builds
-with every signal public (``NPU_PUBLIC=1``) go to a folder of their own. A file lock lets
-parallel pytest workers share one build instead of racing. Builds of older gateware are
-deleted once unused for an hour (:data:`STALE_BUILD_SECONDS`).
+``build/sim/<simulator>/<config>-<dram>-<hash>``, where the hash covers the gateware sources
+and the checker, so a build is made once per configuration and simulator and reused by every
+test and every driver call until ``hw/`` (or the bench's own gateware) changes; Verilator
+builds with every signal public (``NPU_PUBLIC=1``) go to a folder of their own, and so do the
+larger size classes of the HDL DRAM (``<config>-hdl-256m-<hash>``: :func:`run_programs`
+builds the smallest of :data:`sim.dram.SIZE_CLASSES` that holds the run's largest image). A
+file lock lets parallel pytest workers share one build instead of racing. Builds of older
+gateware are deleted once unused for an hour (:data:`STALE_BUILD_SECONDS`).
 """
 
 import fcntl
