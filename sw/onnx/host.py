@@ -28,18 +28,20 @@ def _first_line(error):
     return text[0] if text else type(error).__name__
 
 
-def _value_info(name, dtype, rank):
-    """A tensor's type for a partition's boundary: its dtype and rank; every dimension left
-    open, so that any batch size runs."""
+def _value_info(name, dtype, shape):
+    """A tensor's type for a partition's boundary: its dtype and shape with the first
+    dimension left open, so that any batch size runs. (The shape matters: onnxruntime's
+    layout transformers, NCHWc among them, rewrite a Conv only when its input's channels are
+    known, and its float result then differs in the last bits.)"""
     from onnx import helper
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    return helper.make_tensor_value_info(name, elem, [None] * rank if rank is not None
-                                         else None)
+    dims = [None] + list(shape[1:]) if len(shape) else []
+    return helper.make_tensor_value_info(name, elem, dims)
 
 
 def _model(graph, nodes, inputs, outputs, types):
     """A ModelProto of ``nodes`` with the graph's constants they use as initializers;
-    ``types`` maps a boundary tensor to ``(dtype, rank)``."""
+    ``types`` maps a boundary tensor to ``(dtype, shape)`` of a run."""
     from onnx import helper, numpy_helper
     used = {name for node in nodes for name in node.inputs}
     initializers = [numpy_helper.from_array(np.asarray(graph.constants[name]), name)
@@ -74,7 +76,7 @@ def probe(graph, x):
     from onnx import helper
     name = graph.inputs[0][0]
     produced = [out for node in graph.nodes for out in node.outputs if out]
-    model = _model(graph, graph.nodes, [name], [], {name: (x.dtype, x.ndim)})
+    model = _model(graph, graph.nodes, [name], [], {name: (x.dtype, x.shape)})
     for out in produced:
         model.graph.output.append(helper.ValueInfoProto(name=out))
     session = _session(model, f"{graph.path or 'the model'}", optimize=False)
@@ -100,13 +102,13 @@ class OnnxHost:
 
     def __init__(self, graph, types):
         self.graph = graph
-        self.ranks = {name: (dtype, len(shape)) for name, (dtype, shape) in types.items()}
+        self.types = types
 
     def session(self, step):
         """The step's onnxruntime session (made once)."""
         if step.runner is None:
             nodes = [op.payload for op in step.nodes]
-            model = _model(self.graph, nodes, step.inputs, step.outputs, self.ranks)
+            model = _model(self.graph, nodes, step.inputs, step.outputs, self.types)
             step.runner = _session(model, f"the host nodes {nodes[0].name!r} to "
                                           f"{nodes[-1].name!r}")
         return step.runner

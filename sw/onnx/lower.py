@@ -41,21 +41,31 @@ def _const(graph, node, index):
     return graph.constants.get(node.inputs[index])
 
 
+#: Where each GEMM-like operator's weight (a convolution) or second operand is.
+_CONVS = {"QLinearConv": 3, "ConvInteger": 1, "Conv": 1, "ConvTranspose": 1}
+_MATMULS = ("QLinearMatMul", "MatMulInteger", "QGemm", "MatMul", "Gemm")
+
+
 def node_macs(node, shapes, graph):
-    """Multiply-accumulates of a GEMM-like node, from the shapes seen in a run (0 for the
-    others)."""
-    out = shapes.get(node.outputs[0])
+    """Multiply-accumulates of a GEMM-like node, quantized or float, from the shapes seen
+    in a run (0 for the others)."""
+    out = shapes.get(node.outputs[0]) if node.outputs else None
     if out is None:
         return 0
-    if node.op_type in ("QLinearConv", "ConvInteger"):
-        w = _const(graph, node, 3 if node.op_type == "QLinearConv" else 1)
+    if node.op_type in _CONVS:
+        index = _CONVS[node.op_type]
+        w = shapes.get(node.inputs[index]) if index < len(node.inputs) else None
         if w is None:
             return 0
-        return int(np.prod(out)) * int(np.prod(w.shape[1:]))
-    if node.op_type in ("QLinearMatMul", "MatMulInteger", "QGemm"):
+        if node.op_type == "ConvTranspose":     # each input pixel meets every kernel tap
+            x = shapes.get(node.inputs[0])
+            return 0 if x is None else int(np.prod(x)) * int(np.prod(w[1:]))
+        return int(np.prod(out)) * int(np.prod(w[1:]))
+    if node.op_type in _MATMULS:
         a = shapes.get(node.inputs[0])
-        return 0 if a is None else int(np.prod(out)) * int(a[-1] if not node.attrs.get("transA")
-                                                           else a[0])
+        if a is None:
+            return 0
+        return int(np.prod(out)) * int(a[0] if node.attrs.get("transA") else a[-1])
     return 0
 
 
