@@ -55,7 +55,7 @@ def _shapes(graph, types, batch):
     return shapes
 
 
-def run_model(graph, x, *, config, sim="model", batch=64, progress=False):
+def run_model(graph, x, *, config, sim="model", batch=64, progress=False, fuse=True):
     """Run ``graph`` on the input batch ``x``.
 
     Parameters
@@ -70,6 +70,9 @@ def run_model(graph, x, *, config, sim="model", batch=64, progress=False):
         Samples per NPU program.
     progress : bool
         A progress bar on the terminal while it runs.
+    fuse : bool
+        Chain the NPU nodes into one program per group (else one program per node, the host
+        copying every output back and in again).
 
     Returns
     -------
@@ -84,4 +87,4 @@ def run_model(graph, x, *, config, sim="model", batch=64, progress=False):
     types = probe(graph, x[:1])
     core = to_graph(graph, _shapes(graph, types, len(x)))
     return run_graph(core, x, config=config, sim=sim, batch=batch,
-                     host=OnnxHost(graph, types), progress=progress)
+                     host=OnnxHost(graph, types), progress=progress, fuse=fuse)
