@@ -186,9 +186,13 @@ class Timing:
     perf : dict
         The performance counters, by the names of :data:`hw.isa.PERF_COUNTERS`, and
         ``cycles``.
+    marks : dict
+        ``{instruction index: counters}`` for the ``marks`` asked of :func:`predict`: the
+        counters (and ``cycles``, the cycle count so far) as that instruction issues.
     """
     cycles: int
     perf: dict
+    marks: dict = None
 
 
 def _beats(addr, row_bytes, bus_bytes):
@@ -282,7 +286,7 @@ def _check_latency(name, value, minimum):
 
 
 def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
-            write_response_latency=None, max_cycles=1 << 40):
+            write_response_latency=None, max_cycles=1 << 40, marks=()):
     """Cycles and counters of the program ``words`` (128-bit ints) at ``prog_addr`` on the
     NPU of ``config``, from start to done.
 
@@ -295,8 +299,14 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
     Raises :class:`~sw.errors.NPUValueError` for an illegal opcode, a program that does not
     end in END, an unknown memory or a latency below its minimum, and ``RuntimeError`` if the
     program does not end within ``max_cycles``.
+
+    ``marks`` (instruction indices) asks for the counters as each of them issues
+    (:attr:`Timing.marks`): the difference between two marks is what the instructions between
+    them cost, as a per-layer profile wants.
     """
     memory = memory_for(memory, config)
+    marks = frozenset(marks)
+    snapshots = {}
     if read_latency is None:
         read_latency = memory.read_latency
     if write_response_latency is None:
@@ -640,6 +650,12 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
 
         # The instruction issued.
         if issue:
+            if pc in marks:
+                snapshots[pc] = dict(
+                    array_rows=array_rows, useful_macs=useful_macs, stall_fetch=stall_fetch,
+                    stall_load=stall_load, stall_store=stall_store, stall_array=stall_array,
+                    instructions=instructions, read_bytes=read_beats * bus,
+                    write_bytes=write_beats * bus, cycles=t)
             instructions += 1
             pc += 1
             if opcode in (Opcode.LOAD_SPAD, Opcode.LOAD_ACC, Opcode.LOAD_QUANT):
@@ -677,7 +693,7 @@ def predict(config, words, prog_addr, *, memory="sim", read_latency=None,
                 stall_load=stall_load, stall_store=stall_store, stall_array=stall_array,
                 instructions=instructions, read_bytes=read_beats * bus,
                 write_bytes=write_beats * bus, cycles=cycles)
-    return Timing(cycles=cycles, perf=perf)
+    return Timing(cycles=cycles, perf=perf, marks=snapshots)
 
 
 def predict_gemm(config, m, k, n, *, schedule="auto", memory="sim", read_latency=None,

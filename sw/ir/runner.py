@@ -22,7 +22,8 @@ from .grouping import HostStep, schedule
 from .placement import place
 
 
-__all__ = ["GroupRun", "GraphRun", "run_graph", "group_input", "group_output", "to_int8", "from_int8"]
+__all__ = ["GroupRun", "GraphRun", "run_graph", "group_input", "group_output", "to_int8",
+           "from_int8", "predict_image"]
 
 
 def to_int8(q):
@@ -48,6 +49,7 @@ class GroupRun:
     results: list
     simulated: int            # programs the backend ran (the others came from the cache)
     read_seconds: float = 0.0
+    timings: list = None      # per image, sw.timing.Timing with a mark per operator (model)
 
 
 @dataclass
@@ -137,14 +139,12 @@ def _run_images(config, sim, images, cache):
     return results, len(pending)
 
 
-def _predicted(config, image):
-    """The cycle model's counters of a program, or None for a program with instructions it
-    does not cover (LOAD_ACC, LOAD_QUANT, STORE_Q: quantized layers)."""
+def predict_image(config, image):
+    """The cycle model's :class:`~sw.timing.Timing` of a program image, with a mark at each
+    operator's first instruction."""
     from ..timing import predict
-    try:
-        return predict(config, image.words, image.program_addr).perf
-    except NPUValueError:
-        return None
+    starts = [first for first, _ in (image.spans or {}).values()]
+    return predict(config, image.words, image.program_addr, marks=starts)
 
 
 def _run_group(graph, group, value, config, sim, batch, build, cache, predict, run):
@@ -163,18 +163,20 @@ def _run_group(graph, group, value, config, sim, batch, build, cache, predict, r
                               f"of {image.program_len} ({sim}, {config.name})")
         pieces.append(image.read(result.dram))
     read_seconds = time.perf_counter() - started
-    for image, result in zip(images, results):
+    timings = [predict_image(config, image) for image in images] \
+        if sim == "model" and predict else None
+    for index, (image, result) in enumerate(zip(images, results)):
         run.programs += 1
         run.instructions += result.instructions
         perf = result.perf
-        if sim == "model" and predict:
-            perf = _predicted(config, image)
-            run.cycles_predicted = perf is not None
+        if timings is not None:
+            perf = timings[index].perf
+            run.cycles_predicted = True
         run.cycle_counts.append(perf["cycles"] if perf else result.cycles)
         for counter, count in (perf or {}).items():
             run.counters[counter] = run.counters.get(counter, 0) + count
     run.simulated += simulated
-    run.group_runs.append(GroupRun(group, images, results, simulated, read_seconds))
+    run.group_runs.append(GroupRun(group, images, results, simulated, read_seconds, timings))
     return group_output(graph, group, np.concatenate(pieces), samples)
 
 

@@ -266,6 +266,9 @@ class NetworkImage:
         Name of the buffer that holds the result.
     buffer_plan : sw.nn.memory.BufferPlan or None
         The activation arena's plan (fused programs).
+    spans : dict
+        ``{operator name: (first, stop)}``: the instructions each operator's body occupies
+        in ``words`` (the final ``END`` is nobody's).
     """
     dram: np.ndarray
     program_addr: int
@@ -275,6 +278,7 @@ class NetworkImage:
     plans: dict
     output: str
     buffer_plan: object = None
+    spans: dict = None
 
     @property
     def program_len(self):
@@ -364,7 +368,7 @@ def _image(config, ops, layout, input_q, act_overrides, lowering):
     buffers, regions = layout.buffers, layout.regions
     sources = ["input"] + [op.name for op in ops[:-1]]
     # Layers chain by concatenating the bodies of their programs, then one END.
-    words = []
+    words, spans = [], {}
     for op, source in zip(ops, sources):
         act_min, act_max = act_overrides.get(op.name, (op.act_min, op.act_max))
         addresses = {"x": regions[source][0], "w": regions[f"{op.name}.weight"][0],
@@ -372,6 +376,7 @@ def _image(config, ops, layout, input_q, act_overrides, lowering):
                      "quant": regions[f"{op.name}.quant"][0], "y": regions[op.name][0]}
         program = _compile_op(config, op, buffers[source], buffers[op.name], addresses,
                               act_min, act_max, lowering, layout.plans[op.name])
+        spans[op.name] = (len(words), len(words) + len(program.body))
         words.extend(program.body)
     words.append(codec.encode(Opcode.END))
     if len(words) != layout.instructions:
@@ -397,7 +402,7 @@ def _image(config, ops, layout, input_q, act_overrides, lowering):
             dram[addr:addr + nbytes][buffer.border_mask()] = np.uint8(buffer.zero_point & 0xFF)
     return NetworkImage(dram=dram, program_addr=PROGRAM_ADDR, words=words, regions=regions,
                         buffers=buffers, plans=layout.plans, output=ops[-1].name,
-                        buffer_plan=layout.buffer_plan)
+                        buffer_plan=layout.buffer_plan, spans=spans)
 
 
 def _fused_layout(config, ops, batch, lowering):

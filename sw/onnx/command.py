@@ -56,7 +56,25 @@ def add_parser(commands, add_config_arguments):
                               "remainder of fewer than B samples is not used)")
     command.add_argument("--format", choices=("qdq", "qoperator"), default="qdq",
                          help="quantization format for --calibrate (default qdq)")
+    command.add_argument("--profile", metavar="REPORT.md",
+                         help="write the per-node profile (cycles, utilization, stalls, DRAM "
+                              "bytes, time) with a roofline and a bar chart beside it "
+                              "(REPORT.roofline.png, REPORT.layers.png); --json has it too")
+    command.add_argument("--clock-mhz", type=float, metavar="F",
+                         help="the NPU's clock for the profile's times (default: the "
+                              "config's measured Fmax on ECP5, docs/fpga.md)")
     return command
+
+
+def _profile_file(path):
+    """``--profile``'s file, checked before anything runs."""
+    if not path.lower().endswith(".md"):
+        raise NPUValueError(f"--profile {path}: the report is Markdown; give a name ending "
+                            f"in .md")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise NPUValueError(f"--profile {path}: no such directory {os.path.dirname(path)}")
+    return path
 
 
 def _placeholder_input(graph):
@@ -113,6 +131,9 @@ def run(arguments, config):
              "--calibrate": arguments.calibrate},
             what=f"the model has {len(names)} outputs ({', '.join(names)})" if several
             else "the model has one output")
+    report_path = _profile_file(arguments.profile) if arguments.profile else None
+    if arguments.clock_mhz is not None and not arguments.clock_mhz > 0:
+        raise NPUValueError(f"--clock-mhz must be positive, not {arguments.clock_mhz}")
     x = load_npy("--input", arguments.input) if arguments.input else None
     if x is None and not arguments.plan:
         raise NPUValueError("--input X.npy is required (or --plan)")
@@ -161,6 +182,14 @@ def run(arguments, config):
             except OSError as error:
                 raise NPUValueError(f"--out {out}: cannot write ({error.strerror})") from None
     passed = verdict is None or all(verdict.values())
+    report = written = None
+    if report_path is not None or arguments.clock_mhz is not None:
+        from ..profile import profile, write_report
+        report = profile(run_result, config, clock_mhz=arguments.clock_mhz)
+        if report_path is not None:
+            written = write_report(report, report_path, title=(
+                f"{os.path.basename(arguments.model)}, {len(x)} samples, {config.name}, "
+                f"--sim {arguments.sim}"))
     if arguments.json:
         print(json.dumps({
             "model": arguments.model, "config": config.name, "sim": arguments.sim,
@@ -173,7 +202,8 @@ def run(arguments, config):
             "cycles": run_result.cycles, "cycles_predicted": run_result.cycles_predicted,
             "counters": run_result.counters,
             "programs": run_result.programs, "instructions": run_result.instructions,
-            "check": verdict, "passed": passed, "out": out}, indent=1))
+            "check": verdict, "passed": passed, "out": out, "profile": report,
+            "profile_files": written}, indent=1))
     else:
         npu = sum(p.device == "npu" for p in run_result.placements)
         print(f"{arguments.model}: {len(x)} samples, {npu} of {len(run_result.placements)} "
@@ -184,6 +214,11 @@ def run(arguments, config):
         if verdict is not None:
             for name, equal in verdict.items():
                 print(f"  {name}: {'equal to onnxruntime' if equal else 'DIFFERS from onnxruntime'}")
+        if report is not None:
+            t = report["totals"]
+            print(f"  at {report['clock_mhz']} MHz: NPU {1e3 * t['npu_seconds']:.3f} ms, host "
+                  f"{1e3 * t['host_seconds']:.3f} ms (measured)"
+                  + (f"; profile in {', '.join(written)}" if written else ""))
     if not passed:
         print("npu: error: the outputs differ from onnxruntime's", file=sys.stderr)
         return 1
