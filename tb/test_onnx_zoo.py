@@ -204,3 +204,21 @@ def test_command_writes_the_set(tmp_path, capsys):
     assert [m["fmt"] for m in manifest] == ["float", "qoperator"]
     assert manifest[1]["outputs"] == ["softmaxout_1", zoo.LOGITS]
     assert "squeezenet_32_qoperator-uint8.onnx" in capsys.readouterr().out
+
+
+def test_calibrate_a_public_float_model(tmp_path, capsys):
+    """``npu onnx FLOAT.onnx --calibrate`` on a public architecture (SqueezeNet, input
+    ``data_0``): quantized by onnxruntime with the model's own input name, run on the NPU and
+    equal to onnxruntime's run of the same quantized model."""
+    from sw.cli import main
+    model, shape = zoo.build_float("squeezenet", seed=0)
+    path = tmp_path / "squeezenet.onnx"
+    onnx.save(model, path)
+    data, x = tmp_path / "data.npy", tmp_path / "x.npy"
+    np.save(data, zoo.sample_inputs(shape, 8, SEED))
+    np.save(x, zoo.sample_inputs(shape, 2, SEED + 1))
+    assert main(["onnx", str(path), "--calibrate", str(data), "--input", str(x), "--check",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is True and set(report["check"]) == {"softmaxout_1", zoo.LOGITS}
+    assert all(report["check"].values()) and report["npu_macs"] > 0
