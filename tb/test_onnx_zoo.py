@@ -114,14 +114,21 @@ def test_zoo_equals_onnxruntime(name, fmt, act, request, record_property):
 @pytest.mark.parametrize("name,fmt,act", [("squeezenet", "qoperator", "uint8"),
                                           ("shufflenet", "qdq", "int8")])
 def test_zoo_on_verilator(name, fmt, act):
-    """Two networks through the generated Verilog under Verilator: equal to onnxruntime."""
+    """Two networks through the generated Verilog under Verilator: equal to onnxruntime, and
+    the cycle model's cycles and counters (``--sim model``) equal to the RTL's, program by
+    program."""
     model = zoo.zoo_model(name, fmt=fmt, activation=act)
     x = zoo.sample_inputs(model.input_shape, 1, SEED)
     expected, _ = _onnxruntime(model.path, x)
-    run = run_model(import_model(model.path), x, config=CONFIG, sim="verilator")
+    graph = import_model(model.path)
+    run = run_model(graph, x, config=CONFIG, sim="verilator")
     print(f"{name} {fmt} {act} on Verilator: {run.cycles} cycles, {run.programs} programs")
     _compare(run, expected, f"{name} {fmt} {act} on verilator")
     assert run.npu_macs > 0 and run.cycles > 0
+    predicted = run_model(graph, x, config=CONFIG, sim="model")
+    assert predicted.cycles_predicted
+    assert predicted.cycle_counts == run.cycle_counts
+    assert predicted.counters == run.counters
 
 
 # -- the builder -------------------------------------------------------------------------------
