@@ -1,7 +1,12 @@
 """An instruction-level model of the NPU: the reference the RTL is compared against.
 
-Each instruction is executed as a handful of numpy operations on whole blocks, so a program of
-several hundred thousand instructions (a ``K = MAX_K`` GEMM on a 1x1 array) runs in seconds.
+The program is decoded into numpy columns once, and run a window of up to 65,536 instructions
+at a time, each window's scratchpad, weight, accumulator and DRAM effects computed as array
+operations (:mod:`sw.model_window`), so a network of millions of instructions runs in seconds
+(docs/performance.md). Short runs between hazards, and the instructions around them, go one
+instruction at a time through the handlers below, which say what every instruction does;
+``ModelNPU(config, batched=False)`` runs the whole program that way, as the model did before
+windows: the specification the windows are tested against (``tb/test_model.py``).
 The model has no clock; :attr:`RunResult.cycles` is ``None``.
 
 Semantics, in the order the checks are made (the RTL makes the same checks in the same order):
@@ -47,6 +52,8 @@ the rows before the failing one; after an error the DRAM bytes in the failing ``
 are therefore not part of the contract.)
 """
 
+import contextlib
+
 import numpy as np
 
 from hw.isa import ErrorCode, INSTR_BYTES, Opcode, QuantMode
@@ -54,12 +61,31 @@ from sim.result import RunResult
 from . import codec
 from .errors import NPUTypeError, NPUValueError
 from .quant import requantize, requantize_float
+from .model_window import analyse_window, decode_program, run_window, window_limit
 
 
 __all__ = ["ModelNPU"]
 
 
 _ADDRESS_SPACE = 1 << 32
+
+
+_BLAS = []
+
+
+def _one_blas_thread():
+    """A context in which BLAS runs on one thread: the windows' products are many small
+    ones, which a second thread slows down many times over on a busy machine (threadpoolctl
+    comes with scikit-learn; without it, BLAS keeps its threads)."""
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _BLAS.append(ThreadpoolController())
+        except ImportError:
+            _BLAS.append(None)
+    if _BLAS[0] is None:
+        return contextlib.nullcontext()
+    return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 class _Fault(Exception):
@@ -97,6 +123,9 @@ class ModelNPU:
     ----------
     config : hw.config.NPUConfig
         The instance to model.
+    batched : bool
+        ``True`` (the default) runs windows of instructions as array operations; ``False``
+        runs one instruction at a time. Both give the same results, bit for bit.
 
     Attributes
     ----------
@@ -116,11 +145,23 @@ class ModelNPU:
         The output zero point and clamp of ``STORE_Q``.
     """
 
-    def __init__(self, config):
+    #: Words decoded at a time, and instructions a window takes at most.
+    CHUNK = 1 << 16
+    #: Instructions the first window, and a window after one that a hazard cut, may take.
+    FIRST_WINDOW = 4096
+    #: Elements (row events times bytes or lanes) a window's arrays may hold: about 100 MB.
+    WINDOW_ELEMENTS = 1 << 24
+    #: Windows shorter than this run one instruction at a time, and so do the next
+    #: ``STEP_AFTER_SHORT`` instructions after a window that a hazard cut this short.
+    MIN_WINDOW = 16
+    STEP_AFTER_SHORT = 64
+
+    def __init__(self, config, *, batched=True):
         from hw.config import NPUConfig
         if not isinstance(config, NPUConfig):
             raise NPUTypeError(f"config must be an NPUConfig, not {config!r}")
         self.config = config
+        self.batched = bool(batched)
         self._handlers = {
             Opcode.LOAD_SPAD: self._load_spad,
             Opcode.LOAD_ACC:  self._load_acc,
@@ -187,8 +228,15 @@ class ModelNPU:
             return RunResult(done=False, error_code=error_code, error_pc=error_pc,
                              cycles=None, instructions=error_pc, dram=dram)
 
+        def finished(instructions):
+            return RunResult(done=True, error_code=ErrorCode.NONE, error_pc=0,
+                             cycles=None, instructions=instructions, dram=dram)
+
         if prog_addr % INSTR_BYTES or prog_len == 0:
             return stopped(ErrorCode.PROGRAM, 0)
+        if self.batched and prog_len > 2 * self.MIN_WINDOW:
+            with _one_blas_thread():
+                return self._run_windows(dram, prog_addr, prog_len, stopped, finished)
         pc = 0
         while True:
             if pc == prog_len:
@@ -202,13 +250,70 @@ class ModelNPU:
             if opcode is None:
                 return stopped(ErrorCode.ILLEGAL_OPCODE, pc)
             if opcode is Opcode.END:
-                return RunResult(done=True, error_code=ErrorCode.NONE, error_pc=0,
-                                 cycles=None, instructions=pc + 1, dram=dram)
+                return finished(pc + 1)
             try:
                 self._handlers[opcode](dram, **fields)
             except _Fault as fault:
                 return stopped(fault.error_code, pc)
             pc += 1
+
+    def _run_windows(self, dram, prog_addr, prog_len, stopped, finished):
+        """:meth:`run` by windows: the same fetches, checks and effects, in the same order."""
+        pc = 0
+        program = None          # the decoded words around pc (sw.model_window.DecodedProgram)
+        step_until = 0          # run one instruction at a time below this pc
+        candidate = self.FIRST_WINDOW   # instructions the next window may take
+        while True:
+            if pc == prog_len:
+                return stopped(ErrorCode.PROGRAM, pc)
+            if program is None or not program.start <= pc < program.start + program.n:
+                fetch_addr = prog_addr + INSTR_BYTES * pc
+                if fetch_addr + INSTR_BYTES > dram.size:
+                    return stopped(ErrorCode.BUS_READ, pc)
+                count = min(prog_len - pc, self.CHUNK,
+                            (dram.size - fetch_addr) // INSTR_BYTES)
+                program = decode_program(dram, prog_addr, pc, count)
+            index = pc - program.start
+            if index == program.stop:
+                if program.op[index] == Opcode.END.value:
+                    return finished(pc + 1)
+                return stopped(ErrorCode.ILLEGAL_OPCODE, pc)
+            limit = window_limit(self.config, program, index,
+                                 min(program.stop, index + candidate), self.WINDOW_ELEMENTS)
+            if pc >= step_until and limit - index >= self.MIN_WINDOW:
+                window = analyse_window(self.config, dram, program, prog_addr, index, limit)
+                ran = window.end - index
+                if ran >= self.MIN_WINDOW or window.fault is not None and ran:
+                    run_window(self, dram, program, index, window)
+                    pc += ran
+                    if window.fault is not None:
+                        return stopped(window.fault, pc)
+                    if window.program_written:
+                        program = None
+                    # Longer windows while none is cut short; after a cut, a few thousand
+                    # instructions (the analysis of the part past a cut is done again).
+                    candidate = min(2 * candidate, self.CHUNK) if window.end == limit \
+                        else max(self.FIRST_WINDOW, 2 * ran)
+                    continue
+                if window.fault is not None and not ran:
+                    return stopped(window.fault, pc)
+                step_until = pc + self.STEP_AFTER_SHORT
+            # One instruction, through its handler.
+            fetch_addr = prog_addr + INSTR_BYTES * pc
+            word = int.from_bytes(dram[fetch_addr:fetch_addr + INSTR_BYTES].tobytes(), "little")
+            opcode, fields = codec.decode(word)
+            try:
+                self._handlers[opcode](dram, **fields)
+            except _Fault as fault:
+                return stopped(fault.error_code, pc)
+            pc += 1
+            if opcode in (Opcode.STORE, Opcode.STORE_Q):
+                # A store over words still to be fetched: decode them again.
+                end = fields["dram_addr"] + (fields["rows"] - 1) * fields["dram_stride"] \
+                    + fields["row_bytes"]
+                if fields["dram_addr"] < prog_addr + INSTR_BYTES * (program.start + program.n) \
+                        and end > prog_addr + INSTR_BYTES * pc:
+                    program = None
 
     # Instruction handlers. Each checks its operands in the documented order and raises _Fault.
 
@@ -265,7 +370,7 @@ class ModelNPU:
             raise _Fault(ErrorCode.ACC_RANGE)
         _check_block(dram.size, dram_addr, rows, row_bytes, dram_stride, ErrorCode.BUS_WRITE)
         source = self.acc[acc_addr:acc_addr + rows].view(np.uint8)[:, :row_bytes]
-        self._write_rows(dram, source, dram_addr, dram_stride)
+        _write_rows(dram, source, dram_addr, dram_stride)
 
     def _load_quant(self, dram, dram_addr, dram_stride, row_bytes, zero_point, act_min,
                     act_max, mode=QuantMode.FIXED):
@@ -304,18 +409,16 @@ class ModelNPU:
         else:
             quantized = requantize(acc, self.multipliers, self.shifts, self.zero_point,
                                    self.act_min, self.act_max)
-        self._write_rows(dram, quantized.view(np.uint8)[:, :row_bytes], dram_addr,
-                         dram_stride)
+        _write_rows(dram, quantized.view(np.uint8)[:, :row_bytes], dram_addr, dram_stride)
 
-    @staticmethod
-    def _write_rows(dram, source, dram_addr, dram_stride):
-        """Write ``source`` (rows x row_bytes) to a strided block known to lie in ``dram``."""
-        rows, row_bytes = source.shape
-        if dram_stride >= row_bytes or rows == 1:
-            _block_view(dram, dram_addr, rows, row_bytes, dram_stride, writeable=True)[...] = \
-                source
-        else:
-            # Overlapping rows: write them one by one so that the later row wins, in order.
-            for row in range(rows):
-                start = dram_addr + row * dram_stride
-                dram[start:start + row_bytes] = source[row]
+
+def _write_rows(dram, source, dram_addr, dram_stride):
+    """Write ``source`` (rows x row_bytes) to a strided block known to lie in ``dram``."""
+    rows, row_bytes = source.shape
+    if dram_stride >= row_bytes or rows == 1:
+        _block_view(dram, dram_addr, rows, row_bytes, dram_stride, writeable=True)[...] = source
+    else:
+        # Overlapping rows: write them one by one so that the later row wins, in order.
+        for row in range(rows):
+            start = dram_addr + row * dram_stride
+            dram[start:start + row_bytes] = source[row]

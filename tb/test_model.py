@@ -809,3 +809,319 @@ def test_run_without_reset_keeps_the_state():
     result = model.run(second, PROG_ADDR, 4)
     assert result.dram[0x400:0x403].view(np.int8).tolist() == [0, 0, 0]
     assert (model.zero_point, model.act_min, model.act_max) == (0, -128, 127)
+
+
+# Windows against one instruction at a time ------------------------------------------------------
+# ModelNPU runs windows of instructions as array operations (sw/model_window.py); with
+# batched=False it runs one instruction at a time through the handlers, as the model always
+# did: the specification. Random programs, built to reach every path of the windows (loads over
+# rows other instructions read, chains of MATMULs, stores that later loads read back, stores
+# over the program, failures part-way, both requantization modes), must leave both with the
+# same result, DRAM and state, bit for bit.
+
+WINDOW_DRAM = 0x8000
+WINDOW_PROG = 0x5000
+QUANT_FIXED = 0x4000        # LOAD_QUANT rows: fixed point at +0 and +0x100, float at +0x200
+QUANT_FLOAT = 0x4200        # and +0x300
+
+
+def _window_word(config, rng, previous_matmul, pc, edge):
+    """One instruction word: mostly within range (edge: the chance of each field being past a
+    limit), now and then a random word."""
+    R, C = config.rows, config.cols
+    spad_bytes, acc_bytes = config.spad_row_bytes, config.acc_row_bytes
+
+    def chance(p=edge):
+        return rng.random() < p
+
+    def rows(limit=9):
+        return 0 if chance() else int(rng.integers(1, limit))
+
+    def local(depth, count):
+        if chance():
+            return max(0, depth - int(rng.integers(0, count + 1)))
+        return int(rng.integers(0, max(1, depth - count + 1)))
+
+    def dram_addr():
+        if chance():
+            return int(rng.choice([WINDOW_DRAM - int(rng.integers(0, 40)), (1 << 32) - 8]))
+        if rng.random() < 0.1:          # over the program, ahead of this instruction
+            return WINDOW_PROG + 16 * (pc + int(rng.integers(1, 6))) + int(rng.integers(0, 16))
+        return int(rng.integers(0, 0x3000))
+
+    def stride(row_bytes):
+        return int(rng.choice([row_bytes, row_bytes, 0, int(rng.integers(0, 64)),
+                               row_bytes + int(rng.integers(0, 8))]))
+
+    kind = rng.choice(["ls", "pr", "mm", "la", "st", "sq", "lq", "raw"],
+                      p=[0.27, 0.12, 0.3, 0.06, 0.07, 0.08, 0.08, 0.02])
+    if kind == "raw":
+        return int.from_bytes(rng.bytes(16), "little")
+    if kind in ("ls", "la"):
+        depth, width = (config.spad_depth, spad_bytes) if kind == "ls" \
+            else (config.acc_depth, acc_bytes)
+        count = rows()
+        row_bytes = width + 1 if chance() else int(rng.integers(1, width + 1))
+        if rng.random() < 0.5:
+            row_bytes = width
+        step = stride(row_bytes)
+        addr = dram_addr()
+        if rng.random() < 0.05:         # the block ends at the DRAM's last byte
+            addr = max(0, WINDOW_DRAM - row_bytes - step * max(count - 1, 0))
+        return codec.encode(Opcode.LOAD_SPAD if kind == "ls" else Opcode.LOAD_ACC,
+                            local_addr=local(depth, count), rows=count, row_bytes=row_bytes,
+                            dram_addr=addr, dram_stride=step)
+    if kind == "pr":
+        return codec.encode(Opcode.PRELOAD, spad_addr=local(config.spad_depth, R))
+    if kind == "mm":
+        if previous_matmul is not None and rng.random() < 0.5:
+            acc_addr, count = previous_matmul           # the next MATMUL of a chain
+            accumulate = 1
+        else:
+            count = rows()
+            acc_addr, accumulate = local(config.acc_depth, count), int(rng.integers(0, 2))
+        return codec.encode(Opcode.MATMUL, spad_addr=local(config.spad_depth, count),
+                            acc_addr=acc_addr, rows=count, accumulate=accumulate,
+                            k_width=R + 1 if chance() else int(rng.integers(0, R + 1)),
+                            n_width=C + 1 if chance() else int(rng.integers(0, C + 1)))
+    if kind in ("st", "sq"):
+        count = rows()
+        if kind == "st":
+            row_bytes = 4 * int(rng.integers(1, C + 1))
+            if chance():
+                row_bytes = int(rng.choice([row_bytes - 1, acc_bytes + 4]))
+        else:
+            row_bytes = C + 1 if chance() else int(rng.integers(1, C + 1))
+        return codec.encode(Opcode.STORE if kind == "st" else Opcode.STORE_Q,
+                            acc_addr=local(config.acc_depth, count), rows=count,
+                            row_bytes=row_bytes, dram_addr=dram_addr(),
+                            dram_stride=stride(row_bytes))
+    mode = int(rng.integers(0, 2))
+    row_bytes = 4 * int(rng.integers(1, C + 1))
+    addr = QUANT_FLOAT if mode else QUANT_FIXED
+    if chance(2 * edge):
+        addr = dram_addr()              # anything: as often as not a QUANT error
+    zero_point = int(rng.integers(-140, 140)) if chance() else int(rng.integers(-128, 128))
+    act_min, act_max = sorted(int(value) for value in rng.integers(-128, 128, 2))
+    if chance() and act_min > -128:
+        act_min, act_max = act_max, act_min - 1
+    return codec.encode(Opcode.LOAD_QUANT, dram_addr=addr, dram_stride=0x100,
+                        row_bytes=acc_bytes + 4 if chance() else row_bytes,
+                        zero_point=zero_point, mode=mode, act_min=act_min, act_max=act_max)
+
+
+def _window_image(config, rng, length, edge):
+    """A DRAM image with a random program of ``length`` words (and END) at WINDOW_PROG."""
+    dram = np.frombuffer(rng.bytes(WINDOW_DRAM), dtype=np.uint8).copy()
+    C = config.cols
+    fixed = np.zeros((2, 0x100), dtype=np.uint8)
+    fixed[0, :4 * C] = rng.integers(-(1 << 31), 1 << 31, C).astype("<i4").view(np.uint8)
+    fixed[1, :4 * C] = rng.integers(-31, 32, C).astype("<i4").view(np.uint8)
+    dram[QUANT_FIXED:QUANT_FIXED + 0x200] = fixed.reshape(-1)
+    floats = np.zeros((2, 0x100), dtype=np.uint8)
+    floats[0, :4 * C] = (rng.standard_normal(C) * 0.01).astype("<f4").view(np.uint8)
+    dram[QUANT_FLOAT:QUANT_FLOAT + 0x200] = floats.reshape(-1)
+    words, previous = [], None
+    for pc in range(length):
+        word = _window_word(config, rng, previous, pc, edge)
+        opcode, fields = codec.decode(word)
+        previous = (fields["acc_addr"], fields["rows"]) if opcode is Opcode.MATMUL else \
+            previous if opcode in (Opcode.LOAD_SPAD, Opcode.PRELOAD) else None
+        words.append(word)
+    words.append(codec.encode(Opcode.END))
+    image = np.frombuffer(codec.pack_words(words), dtype=np.uint8)
+    dram[WINDOW_PROG:WINDOW_PROG + image.size] = image
+    dram[WINDOW_PROG + image.size:] = 0
+    return dram
+
+
+def _state(model):
+    return (model.spad.copy(), model.acc.copy(), model.weights.copy(), model.quant_mode,
+            model.multipliers.copy(), model.shifts.copy(), model.zero_point, model.act_min,
+            model.act_max)
+
+
+def _same_run(config, dram, prog_len, context, batched_model, stepped_model, reset=True):
+    want = stepped_model.run(dram, WINDOW_PROG, prog_len, reset=reset)
+    got = batched_model.run(dram, WINDOW_PROG, prog_len, reset=reset)
+    assert (got.done, got.error_code, got.error_pc, got.instructions) == \
+        (want.done, want.error_code, want.error_pc, want.instructions), context
+    assert np.array_equal(got.dram, want.dram), \
+        f"{context}: DRAM differs at {np.flatnonzero(got.dram != want.dram)[:8]}"
+    for name, a, b in zip(("spad", "acc", "weights", "quant_mode", "multipliers", "shifts",
+                           "zero_point", "act_min", "act_max"),
+                          _state(batched_model), _state(stepped_model)):
+        assert np.array_equal(a, b), f"{context}: {name} differs"
+    return want
+
+
+def _eager(config):
+    """A model that runs every run of two or more instructions as a window."""
+    model = ModelNPU(config)
+    model.MIN_WINDOW, model.STEP_AFTER_SHORT = 2, 0
+    return model
+
+
+@pytest.mark.parametrize("config", [
+    WIDE, TALL, NPUConfig(rows=4, cols=4, spad_depth=64, acc_depth=32),
+    NPUConfig(rows=8, cols=3, spad_depth=40, acc_depth=24),
+    NPUConfig(rows=1, cols=1, spad_depth=16, acc_depth=8)], ids=lambda c: c.name)
+@pytest.mark.parametrize("edge", [0.0, 0.01, 0.05])
+def test_windows_match_one_instruction_at_a_time(config, edge):
+    seed = [config.rows, config.cols, config.spad_depth, int(edge * 100)]
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    outcomes = set()
+    for index in range(25):
+        length = int(rng.integers(20, 300))
+        dram = _window_image(config, rng, length, edge)
+        prog_len = length + 1 if rng.random() < 0.9 else int(rng.integers(1, length + 1))
+        result = _same_run(config, dram, prog_len, f"program {index}", _eager(config),
+                           ModelNPU(config, batched=False))
+        outcomes.add(result.error_code)
+    if edge == 0.05:
+        assert len(outcomes) > 3, outcomes      # the programs end in many different ways
+
+
+def test_windows_without_reset_match():
+    config = NPUConfig(rows=4, cols=3, spad_depth=48, acc_depth=24)
+    print("seed 7")
+    rng = np.random.default_rng(7)
+    batched, stepped = _eager(config), ModelNPU(config, batched=False)
+    for index in range(20):
+        dram = _window_image(config, rng, int(rng.integers(20, 200)), 0.01)
+        _same_run(config, dram, 1 << 20, f"program {index}", batched, stepped, reset=index == 0)
+
+
+def test_windows_with_many_shapes_of_chains():
+    """More than 32 shapes of MATMUL chains (rows x length) in one window: they are rounded up
+    to powers of two, with padding rows and zero weights, and give the same results."""
+    config = NPUConfig(rows=2, cols=3, spad_depth=128, acc_depth=128)
+    rng = np.random.default_rng(11)
+    program = [load_spad(0, 128, 3, 0x1000), load_acc(0, 128, 12, 0x2000)]
+    acc_addr = 0
+    for rows in range(1, 16):
+        for length in range(1, 4):
+            for step in range(length):
+                program += [preload(int(rng.integers(0, 120))),
+                            matmul(int(rng.integers(0, 128 - rows)), acc_addr % (128 - rows),
+                                   rows, accumulate=int(step > 0 or rng.random() < 0.5))]
+            acc_addr += rows
+    program += [store(0, 128, 12, 0x3000), end()]
+    data = [(0x1000, np.frombuffer(rng.bytes(384), np.int8)),
+            (0x2000, rng.integers(-(1 << 31), 1 << 31, 384).astype("<i4"))]
+    dram = make_dram(program, data=data, size=0x4000, prog_addr=0x100)
+    want = ModelNPU(config, batched=False).run(dram, 0x100, len(program))
+    got = _eager(config).run(dram, 0x100, len(program))
+    assert want.done and got.done
+    assert np.array_equal(got.dram, want.dram)
+
+
+@pytest.mark.parametrize("config", [NPUConfig(rows=128, cols=4, spad_depth=512, acc_depth=16),
+                                    NPUConfig(rows=256, cols=2, spad_depth=512, acc_depth=8)],
+                         ids=lambda c: c.name)
+def test_windows_long_chains_are_exact(config):
+    """A chain of MATMULs whose reduction (rows x chain length) is far past 2**24 / 128**2, on
+    -128 everywhere and on random values, added to accumulators near the INT32 limits: the
+    sum wraps exactly as the accumulator does."""
+    R, C = config.rows, config.cols
+    rng = np.random.default_rng(R)
+    for values in ("extreme", "random"):
+        data = np.full(2 * R * config.spad_row_bytes, 0x80, dtype=np.uint8) \
+            if values == "extreme" else \
+            np.frombuffer(rng.bytes(2 * R * config.spad_row_bytes), dtype=np.uint8).copy()
+        bias = np.array([(1 << 31) - 5, -(1 << 31) + 3] * C, dtype="<i4")[:4 * C]
+        program = [load_acc(0, 4, 4 * C, 0x100, 0),
+                   load_spad(0, 2 * R, config.spad_row_bytes, 0x2000)]
+        for step in range(12):
+            program += [preload(R * (step % 2)),
+                        matmul(R * ((step + 1) % 2), 0, 4, accumulate=1)]
+        program += [store(0, 4, 4 * C, 0x200), end()]
+        dram = make_dram(program, data=[(0x100, bias), (0x2000, data)], size=0x2000 + data.size)
+        model = ModelNPU(config)
+        model.MIN_WINDOW = 2
+        want = ModelNPU(config, batched=False).run(dram, PROG_ADDR, len(program))
+        got = model.run(dram, PROG_ADDR, len(program))
+        assert want.done and got.done
+        assert np.array_equal(got.dram, want.dram), values
+
+
+@pytest.mark.parametrize("name", ["residual", "concat_pool_softmax", "grouped", "mobilenet"])
+def test_windows_on_compiled_networks(name, tmp_path, monkeypatch):
+    """Quantized networks through the ONNX runtime (the compiler's own loads, chains of
+    MATMULs, requantizing stores and fused layers): every program gives the same DRAM both
+    ways, and the network's output equals onnxruntime's."""
+    from sw.onnx.graph import import_model
+    from sw.onnx.models import build, calibration_data, quantize
+    from sw.onnx.runtime import run_model
+    float_model, shape = build(name)
+    path = tmp_path / f"{name}.onnx"
+    quantize(float_model, path, calibration_data(shape))
+    original = ModelNPU.run
+    programs = []
+
+    def both_ways(self, dram, prog_addr, prog_len, *, reset=True):
+        got = original(self, dram, prog_addr, prog_len, reset=reset)
+        want = original(ModelNPU(self.config, batched=False), dram, prog_addr, prog_len)
+        assert (got.done, got.error_code, got.instructions) == \
+            (want.done, want.error_code, want.instructions)
+        assert np.array_equal(got.dram, want.dram)
+        programs.append(prog_len)
+        return got
+
+    monkeypatch.setattr(ModelNPU, "run", both_ways)
+    x = calibration_data(shape, samples=3, seed=5)
+    graph = import_model(str(path))
+    for config in (NPUConfig(rows=4, cols=4), NPUConfig(rows=8, cols=8)):
+        got = run_model(graph, x, config=config, sim="model")
+        want = run_model(graph, x, config=config, sim="cpu")
+        for a, b in zip(got.outputs.values(), want.outputs.values()):
+            assert np.array_equal(a, b)
+    assert programs
+
+
+# The speed measurement (python -m sw.bench model) -------------------------------------------------
+
+def test_model_speed_measures_both_ways_on_a_zoo_network(capsys):
+    from sw.bench import model_speed
+    row = model_speed("squeezenet")
+    assert (row["network"], row["size"], row["config"]) == ("squeezenet", 32, "8x8")
+    assert row["programs"] >= 1 and row["instructions"] > 10_000
+    assert row["stepped"] > 0 and row["windows"] > 0
+    assert row["run_model"] >= row["backend"] > 0 and row["cycle_model"] >= 0
+    assert "squeezenet 32x32" in capsys.readouterr().out
+
+
+def test_model_speed_section_is_written_once_and_kept_by_make_bench(tmp_path):
+    from sw import bench
+    out = tmp_path / "performance.md"
+    row = dict(network="inception_v2", size=224, config="8x8", programs=30,
+               instructions=3_775_149, stepped=47.0, windows=2.1, run_model=60.0,
+               backend=2.5, cycle_model=40.0)
+    bench.write_model_speed([row], out, "python -m sw.bench model")
+    text = out.read_text()
+    assert text.startswith("# Performance") and text.count(bench.MODEL_SECTION) == 1
+    assert "| inception_v2 | 224x224 | 30 | 3,775,149 | 47.0 s | 2.10 s | 22.4x |" in text
+    assert "`python -m sw.bench model`" in text
+    # make bench writes the rest of the report again and keeps the section as it was.
+    bench.write_report([], None, out, tmp_path / "utilization.png")
+    again = out.read_text()
+    assert again.count(bench.MODEL_SECTION) == 1 and again.endswith(
+        text[text.index(bench.MODEL_SECTION):])
+    assert "## What limits the figures" in again
+    # Measured again, the section is replaced, not repeated.
+    bench.write_model_speed([dict(row, stepped=40.0)], out, "python -m sw.bench model")
+    last = out.read_text()
+    assert last.count(bench.MODEL_SECTION) == 1 and "| 40.0 s | 2.10 s | 19.0x |" in last
+    assert "## What limits the figures" in last
+
+
+def test_python_m_sw_bench_model(tmp_path, capsys):
+    from sw.bench import main
+    out = tmp_path / "performance.md"
+    assert main(["model", "--networks", "squeezenet", "--sizes", "0", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| squeezenet | 32x32 |" in text
+    assert "`python -m sw.bench model --networks squeezenet --sizes 0`" in text
+    with pytest.raises(SystemExit):
+        main(["model", "--sizes", "big", "--out", str(out)])
