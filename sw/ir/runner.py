@@ -139,12 +139,25 @@ def _run_images(config, sim, images, cache):
     return results, len(pending)
 
 
+#: Timings by program: a run's batches of equal size share their program word for word
+#: (the cycle model needs only the words), so each is predicted once.
+_TIMINGS = {}
+_TIMINGS_KEPT = 256
+
+
 def predict_image(config, image):
     """The cycle model's :class:`~sw.timing.Timing` of a program image, with a mark at each
     operator's first instruction."""
+    from .. import codec
     from ..timing import predict
-    starts = [first for first, _ in (image.spans or {}).values()]
-    return predict(config, image.words, image.program_addr, marks=starts)
+    starts = tuple(sorted(first for first, _ in (image.spans or {}).values()))
+    key = (config.key(), image.program_addr, starts,
+           hashlib.sha256(codec.pack_words(image.words)).hexdigest())
+    if key not in _TIMINGS:
+        if len(_TIMINGS) >= _TIMINGS_KEPT:
+            _TIMINGS.pop(next(iter(_TIMINGS)))
+        _TIMINGS[key] = predict(config, image.words, image.program_addr, marks=starts)
+    return _TIMINGS[key]
 
 
 def _run_group(graph, group, value, config, sim, batch, build, cache, predict, run):
