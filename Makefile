@@ -41,6 +41,7 @@ help:
 	@echo "make trace               the seeds' 2x2 trace, simulated"
 	@echo "make demo                the digits CNN on the NPU under Verilator -> docs/demo.md"
 	@echo "make bench               utilization sweep and simulator speed -> docs/performance.md"
+	@echo "make stack               the seeds' optimization stack (FP32, INT8, fusion, memory planning, NPU) on the digits CNN, SqueezeNet and ResNet-50 -> docs/stack.md"
 	@echo "make coverage            line and toggle coverage of hw/ from the Verilator RTL tests -> docs/verification.md"
 	@echo "make formal              bounded formal proofs of PE, array, DMA and the instruction queue (formal/)"
 	@echo "make fpga CONFIG=RxC DEVICE=LFE5U-85F [SEED=N]   ECP5 synthesis + place and route -> build/fpga/*/report.json"
@@ -112,6 +113,13 @@ formal: venv
 bench: venv
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	$(NPU) bench --out docs/performance.md
+
+# The seeds' optimization stack, step by step, on the digits CNN and two public architectures
+# at the zoo's resolution (SqueezeNet 1.1 and ResNet-50 at 32x32): host steps measured with
+# onnxruntime on one thread, NPU steps from the cycle model at the config's measured Fmax
+# (sw/stack.py) -> docs/stack.md. About 2 minutes on 2 cores with the zoo models cached.
+stack: venv
+	$(NPU) stack digits squeezenet resnet50 --config $(CONFIG) --markdown docs/stack.md
 
 verilog: venv
 	@mkdir -p build

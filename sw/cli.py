@@ -229,6 +229,8 @@ def _build_parser():
 
     from .onnx.command import add_parser as add_onnx_parser
     add_onnx_parser(commands, add_config_arguments)
+    from .stack import add_parser as add_stack_parser
+    add_stack_parser(commands)
 
     bench = commands.add_parser(
         "bench", help="the utilization sweep from the hardware counters and the simulator "
@@ -704,6 +706,11 @@ def _run_onnx(arguments):
     return run(arguments, _config_from(arguments))
 
 
+def _run_stack(arguments):
+    from .stack import run
+    return run(arguments, _config_from(arguments))
+
+
 def _run_plan(arguments):
     from .compiler import plan_gemm, scalesim_cycles
     from .timing import memory_for, predict_gemm
@@ -789,7 +796,7 @@ def main(argv=None):
         return exit.code
     handlers = {"gemm": _run_gemm, "plan": _run_plan, "qgemm": _run_qgemm, "verilog": _run_verilog,
                 "trace": _run_trace, "demo": _run_demo, "bench": _run_bench,
-                "onnx": _run_onnx, "board": _run_board}
+                "onnx": _run_onnx, "board": _run_board, "stack": _run_stack}
     _board_environment(arguments)
     try:
         _check_environment()
