@@ -49,6 +49,7 @@ import numpy as np
 
 from hw.config import NPUConfig
 from .errors import NPUValueError
+from .profile import ECP5_FMAX_MHZ
 
 
 __all__ = ["FMAX_MHZ", "FMAX_SOURCE", "SEEDS_STACK", "SEEDS_SOURCE", "STEPS", "NOISE",
@@ -60,7 +61,8 @@ __all__ = ["FMAX_MHZ", "FMAX_SOURCE", "SEEDS_STACK", "SEEDS_SOURCE", "STEPS", "N
 
 #: Fmax in MHz of the whole NPU on ECP5 (LFE5U-85F, speed grade 6) for each config with its
 #: default memories and bus: nextpnr-ecp5's post-route estimate, the median of seeds 1 to 4.
-FMAX_MHZ = {"4x4": 125.5, "8x8": 124.7}
+#: The one table, :data:`sw.profile.ECP5_FMAX_MHZ` (``npu onnx --profile`` clocks with it too).
+FMAX_MHZ = ECP5_FMAX_MHZ
 #: Where :data:`FMAX_MHZ` comes from.
 FMAX_SOURCE = ("docs/fpga.md, 'The whole NPU' (make fpga-report, 2026-12-07): nextpnr-ecp5's "
                "post-route Fmax on LFE5U-85F, median of seeds 1-4")
