@@ -503,14 +503,14 @@ def _host_partition_runner(graph, run, types, threads):
     """``(callable, partitions)``: the callable runs every host partition of ``run`` once,
     in order, on the run's own values, each in a session with step 5's options (the
     partitions :mod:`sw.onnx.host` cuts, with its own model builder)."""
-    from .onnx.host import _model
+    from .onnx.host import partition_model
     level, memory = _HOST_OPTIONS[_PARTITION_OPTIONS]
     calls = []
     for step in run.partitions:
         if not step.outputs:
             continue
         nodes = [op.payload for op in step.nodes]
-        model = _model(graph, nodes, step.inputs, step.outputs, types)
+        model = partition_model(graph, nodes, step.inputs, step.outputs, types)
         session = _session(model.SerializeToString(), level, memory, threads,
                            f"the host nodes {nodes[0].name!r} to {nodes[-1].name!r}")
         feed = {name: run.values[name] for name in step.inputs}

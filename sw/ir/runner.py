@@ -218,7 +218,8 @@ def run_graph(graph, x, *, config, sim="model", batch=64, host, fuse=True, build
         Samples per NPU program.
     host : callable
         ``host(step, values)`` runs a :class:`~sw.ir.grouping.HostStep`, adding its outputs
-        to ``values`` (``{tensor: array}``).
+        to ``values`` (``{tensor: array}``); ``host.prepare(step)``, if it has one, makes
+        what the step needs before its time is measured (``GraphRun.host_seconds``).
     fuse : bool
         Chain NPU operators into one program (else one program per operator).
     build : callable, optional
@@ -261,6 +262,8 @@ def run_graph(graph, x, *, config, sim="model", batch=64, host, fuse=True, build
     for index, step in enumerate(_progress(steps, sim, progress)):
         if isinstance(step, HostStep):
             if step.outputs:
+                if hasattr(host, "prepare"):        # set-up is not the step's time
+                    host.prepare(step)
                 began = time.perf_counter()
                 host(step, values)
                 run.host_seconds[index] = time.perf_counter() - began

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import NPUValueError
 
 
-__all__ = ["OnnxHost", "probe"]
+__all__ = ["OnnxHost", "probe", "partition_model"]
 
 
 def _first_line(error):
@@ -39,7 +39,7 @@ def _value_info(name, dtype, shape):
     return helper.make_tensor_value_info(name, elem, dims)
 
 
-def _model(graph, nodes, inputs, outputs, types):
+def partition_model(graph, nodes, inputs, outputs, types):
     """A ModelProto of ``nodes`` with the graph's constants they use as initializers;
     ``types`` maps a boundary tensor to ``(dtype, shape)`` of a run."""
     from onnx import helper, numpy_helper
@@ -76,7 +76,7 @@ def probe(graph, x):
     from onnx import helper
     name = graph.inputs[0][0]
     produced = [out for node in graph.nodes for out in node.outputs if out]
-    model = _model(graph, graph.nodes, [name], [], {name: (x.dtype, x.shape)})
+    model = partition_model(graph, graph.nodes, [name], [], {name: (x.dtype, x.shape)})
     for out in produced:
         model.graph.output.append(helper.ValueInfoProto(name=out))
     session = _session(model, f"{graph.path or 'the model'}", optimize=False)
@@ -108,10 +108,14 @@ class OnnxHost:
         """The step's onnxruntime session (made once)."""
         if step.runner is None:
             nodes = [op.payload for op in step.nodes]
-            model = _model(self.graph, nodes, step.inputs, step.outputs, self.types)
+            model = partition_model(self.graph, nodes, step.inputs, step.outputs, self.types)
             step.runner = _session(model, f"the host nodes {nodes[0].name!r} to "
                                           f"{nodes[-1].name!r}")
         return step.runner
+
+    def prepare(self, step):
+        """Make the step's session before the runner times the step."""
+        self.session(step)
 
     def __call__(self, step, values):
         session = self.session(step)
