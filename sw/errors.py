@@ -13,7 +13,7 @@ from hw.isa import ErrorCode
 
 __all__ = [
     "NPUError", "NPUTypeError", "NPUValueError", "PlanError", "NPURunError",
-    "BackendUnavailable", "LinkError", "ERROR_TEXT",
+    "BackendUnavailable", "LinkError", "ERROR_TEXT", "first_line",
 ]
 
 
@@ -85,3 +85,10 @@ class BackendUnavailable(NPUError, RuntimeError):
 class LinkError(NPUError, RuntimeError):
     """The link to a board (or to the simulated SoC) failed: nothing answers, what answers is
     not the NPU, or a byte was corrupted on the way (:mod:`sw.board`)."""
+
+
+def first_line(error):
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line error quotes of a library's multi-line one."""
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

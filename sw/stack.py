@@ -48,8 +48,9 @@ from pathlib import Path
 import numpy as np
 
 from hw.config import NPUConfig
-from .errors import NPUValueError
+from .errors import NPUValueError, first_line
 from .profile import ECP5_FMAX_MHZ
+from .onnx.zoo import quiet
 
 
 __all__ = ["FMAX_MHZ", "FMAX_SOURCE", "SEEDS_STACK", "SEEDS_SOURCE", "STEPS", "NOISE",
@@ -215,7 +216,7 @@ def builtin_model(name, *, activation="uint8", size=None):
             float_path = os.path.join(folder, "digits_float.onnx")
             onnx.save(float_model, float_path)
             quantized_path = os.path.join(folder, f"digits_qdq_{activation}.onnx")
-            with _quiet():
+            with quiet():
                 quantize(float_model, quantized_path, x_train[:200], fmt="qdq",
                          activation_type=activation)
             yield StackModel(
@@ -260,36 +261,22 @@ def file_model(float_path, x, *, quantized_path=None, calibration=None, activati
         if quantized_path is None:
             quantized_path = os.path.join(folder, "quantized.onnx")
             try:
-                with _quiet():
+                with quiet():
                     quantize(os.fspath(float_path), quantized_path, calibration, fmt="qdq",
                              activation_type=activation)
             except NPUValueError as error:
                 raise NPUValueError(f"--calibrate: {error}") from None
             except Exception as error:          # onnxruntime's and onnx's own exceptions
                 raise NPUValueError(f"{float_path}: onnxruntime's quantize_static failed: "
-                                    f"{_first_line(error)}") from None
+                                    f"{first_line(error)}") from None
             how = _QUANTIZATION.format(activation=activation,
                                        calibration=f"{len(calibration)} given samples")
         yield StackModel(Path(float_path).stem, f"{float_path}", os.fspath(float_path),
                          os.fspath(quantized_path), x, input_source, how)
 
 
-@contextlib.contextmanager
-def _quiet():
-    """quantize_static's advice goes to the root logger; keep it off the report."""
-    import logging
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
 
 
-def _first_line(error):
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -360,7 +347,7 @@ def _session(model, level, memory, threads, what):
         return onnxruntime.InferenceSession(model, _session_options(level, memory, threads),
                                             providers=["CPUExecutionProvider"])
     except Exception as error:          # onnxruntime's own exception types
-        raise NPUValueError(f"onnxruntime cannot load {what}: {_first_line(error)}") from None
+        raise NPUValueError(f"onnxruntime cannot load {what}: {first_line(error)}") from None
 
 
 # -- the stack ---------------------------------------------------------------------------------
@@ -489,7 +476,7 @@ def _host_steps(model, input_name, threads):
         try:
             outputs[key] = dict(zip(names, session.run(None, feed)))
         except Exception as error:      # onnxruntime's own exception types
-            raise NPUValueError(f"onnxruntime failed on {path}: {_first_line(error)}") \
+            raise NPUValueError(f"onnxruntime failed on {path}: {first_line(error)}") \
                 from None
         runners[key] = lambda session=session, feed=feed: session.run(None, feed)
     level, memory = _HOST_OPTIONS[_PARTITION_OPTIONS]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import NPUTypeError, NPUValueError
+from ..errors import NPUTypeError, NPUValueError, first_line
 
 
 __all__ = ["Node", "Graph", "load_model", "import_model", "QUANTIZED_OPS"]
@@ -99,17 +99,14 @@ def load_model(path):
         model = onnx.load(os.fspath(path))
     except Exception as error:      # protobuf's DecodeError and friends
         raise NPUValueError(f"{path}: not a readable ONNX model "
-                            f"({type(error).__name__}: {_first_line(error)})") from None
+                            f"({type(error).__name__}: {first_line(error)})") from None
     try:
         onnx.checker.check_model(model)
     except Exception as error:
-        raise NPUValueError(f"{path}: malformed ONNX model: {_first_line(error)}") from None
+        raise NPUValueError(f"{path}: malformed ONNX model: {first_line(error)}") from None
     return model
 
 
-def _first_line(error):
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 def _optimize(model, path):
@@ -127,7 +124,7 @@ def _optimize(model, path):
                                          providers=["CPUExecutionProvider"])
         except Exception as error:
             raise NPUValueError(f"{path}: onnxruntime cannot load the model: "
-                                f"{_first_line(error)}") from None
+                                f"{first_line(error)}") from None
         return _onnx().load(target)
 
 

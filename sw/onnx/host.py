@@ -17,15 +17,12 @@ model does when onnxruntime runs it alone: the same nodes, the same kernels.
 
 import numpy as np
 
-from ..errors import NPUValueError
+from ..errors import NPUValueError, first_line
 
 
 __all__ = ["OnnxHost", "probe", "partition_model"]
 
 
-def _first_line(error):
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 def _value_info(name, dtype, shape):
@@ -66,7 +63,7 @@ def _session(model, what, *, optimize=True):
         return onnxruntime.InferenceSession(model.SerializeToString(), options,
                                             providers=["CPUExecutionProvider"])
     except Exception as error:
-        raise NPUValueError(f"onnxruntime cannot run {what}: {_first_line(error)}") from None
+        raise NPUValueError(f"onnxruntime cannot run {what}: {first_line(error)}") from None
 
 
 def probe(graph, x):
@@ -84,7 +81,7 @@ def probe(graph, x):
         values = session.run(produced, {name: x})
     except Exception as error:
         raise NPUValueError(f"onnxruntime failed on {graph.path or 'the model'}: "
-                            f"{_first_line(error)}") from None
+                            f"{first_line(error)}") from None
     result = {name: (x.dtype, x.shape)}
     for out, value in zip(produced, values):
         value = np.asarray(value)
@@ -124,5 +121,5 @@ class OnnxHost:
             results = session.run(step.outputs, feed)
         except Exception as error:
             raise NPUValueError(f"onnxruntime failed on the host nodes {step.nodes[0].name!r} "
-                                f"to {step.nodes[-1].name!r}: {_first_line(error)}") from None
+                                f"to {step.nodes[-1].name!r}: {first_line(error)}") from None
         values.update(zip(step.outputs, results))

@@ -573,7 +573,7 @@ def _calibration_reader(input_name, samples, batch=8):
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """quantize_static's advice goes to the root logger; keep it out of the tests' output."""
     import logging
     root = logging.getLogger()
@@ -591,7 +591,7 @@ def preprocess(float_model, path):
     before it, Dropout removed, constants folded; onnx's shape inference) of the model file
     ``float_model`` into ``path``."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
-    with _quiet():
+    with quiet():
         quant_pre_process(os.fspath(float_model), os.fspath(path))
     return path
 
@@ -604,7 +604,7 @@ def quantize(source, path, input_name, calibration, *, fmt="qdq", activation="in
     _check_choice(fmt, FORMATS, "fmt")
     _check_choice(activation, ACTIVATIONS, "activation")
     types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
-    with _quiet():
+    with quiet():
         quantize_static(os.fspath(source), os.fspath(path),
                         _calibration_reader(input_name, calibration),
                         quant_format=QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
