@@ -22,25 +22,39 @@ import os
 from .errors import NPUValueError
 
 
-__all__ = ["ECP5_FMAX_MHZ", "clock_for", "profile", "write_report"]
+__all__ = ["ECP5_FMAX_MHZ", "FMAX_SOURCE", "measured_clock_mhz", "clock_for", "profile",
+           "write_report"]
 
-#: The whole NPU's Fmax on the LFE5U-85F (median over 4 seeds, MHz), measured by
-#: ``make fpga-report`` on 2026-12-07 (docs/fpga.md). Configs not measured take the smallest
-#: figure here, said so in the report.
+#: Fmax in MHz of the whole NPU on ECP5 (LFE5U-85F, speed grade 6) for each config with its
+#: default memories and bus: nextpnr-ecp5's post-route estimate, the median of seeds 1 to 4
+#: (:data:`FMAX_SOURCE`). The one table: ``npu onnx --profile`` and ``npu stack`` clock with it.
 ECP5_FMAX_MHZ = {"4x4": 125.5, "8x8": 124.7}
+#: Where :data:`ECP5_FMAX_MHZ` comes from.
+FMAX_SOURCE = ("docs/fpga.md, 'The whole NPU' (make fpga-report, 2026-12-07): nextpnr-ecp5's "
+               "post-route Fmax on LFE5U-85F, median of seeds 1-4")
 
 _STALLS = ("stall_load", "stall_store", "stall_array", "stall_fetch")
 
 
+def measured_clock_mhz(config):
+    """The measured Fmax (:data:`ECP5_FMAX_MHZ`) of ``config``, or None when it has none (a
+    config never placed and routed, or one with other than its default memories and bus)."""
+    from hw.config import NPUConfig
+    if config.name not in ECP5_FMAX_MHZ or config != NPUConfig.from_name(config.name):
+        return None
+    return ECP5_FMAX_MHZ[config.name]
+
+
 def clock_for(config, clock_mhz=None):
-    """``(MHz, where it comes from)`` for ``config``."""
+    """``(MHz, where it comes from)`` for ``config``: ``clock_mhz`` if given, else its
+    measured Fmax, else (said so) the lowest measured NPU's."""
     if clock_mhz is not None:
         if not clock_mhz > 0:
             raise NPUValueError(f"--clock-mhz must be positive, not {clock_mhz}")
         return float(clock_mhz), "given (--clock-mhz)"
-    if config.name in ECP5_FMAX_MHZ:
-        return ECP5_FMAX_MHZ[config.name], (f"the {config.name} NPU's median Fmax on the "
-                                            f"LFE5U-85F (docs/fpga.md)")
+    measured = measured_clock_mhz(config)
+    if measured is not None:
+        return measured, f"the {config.name} NPU's median Fmax on the LFE5U-85F (docs/fpga.md)"
     lowest = min(ECP5_FMAX_MHZ.values())
     return lowest, (f"no Fmax measured for {config.name}: the lowest measured NPU's "
                     f"({lowest} MHz, docs/fpga.md)")

@@ -29,9 +29,10 @@ median of ``repeat`` runs after ``warmup`` runs, every session run in turn in ea
 that a change in the machine's load falls on all of them alike. NPU steps are modelled:
 each program's exact cycles (the cycle model, :mod:`sw.timing`, equal to the RTL's; or the
 RTL's own count on ``sim="verilator"``) at the clock the config reaches on ECP5
-(:data:`FMAX_MHZ`), plus the activations each program's host moves in and out over a link
-of :func:`link_bytes_per_second`, plus the host partitions between the programs and the
-host's layout conversions around them, both measured here as the host steps are.
+(:data:`sw.profile.ECP5_FMAX_MHZ`), plus the activations each program's host moves in and
+out over a link of :func:`link_bytes_per_second`, plus the host partitions between the
+programs and the host's layout conversions around them, both measured here as the host
+steps are.
 """
 
 import contextlib
@@ -49,24 +50,17 @@ import numpy as np
 
 from hw.config import NPUConfig
 from .errors import NPUValueError, first_line
-from .profile import ECP5_FMAX_MHZ
+from .profile import ECP5_FMAX_MHZ, FMAX_SOURCE, measured_clock_mhz
 from .onnx.zoo import quiet
 
 
-__all__ = ["FMAX_MHZ", "FMAX_SOURCE", "SEEDS_STACK", "SEEDS_SOURCE", "STEPS", "NOISE",
+__all__ = ["SEEDS_STACK", "SEEDS_SOURCE", "STEPS", "NOISE",
            "DEFAULT_REPEAT", "DEFAULT_WARMUP", "BUILTIN_MODELS", "StepDefinition", "StackModel",
-           "Timing", "StackResult", "builtin_names", "measured_clock_mhz",
+           "Timing", "StackResult", "builtin_names",
            "link_bytes_per_second", "builtin_model", "file_model", "run_stack", "machine",
            "report", "model_markdown", "markdown", "add_parser", "run"]
 
 
-#: Fmax in MHz of the whole NPU on ECP5 (LFE5U-85F, speed grade 6) for each config with its
-#: default memories and bus: nextpnr-ecp5's post-route estimate, the median of seeds 1 to 4.
-#: The one table, :data:`sw.profile.ECP5_FMAX_MHZ` (``npu onnx --profile`` clocks with it too).
-FMAX_MHZ = ECP5_FMAX_MHZ
-#: Where :data:`FMAX_MHZ` comes from.
-FMAX_SOURCE = ("docs/fpga.md, 'The whole NPU' (make fpga-report, 2026-12-07): nextpnr-ecp5's "
-               "post-route Fmax on LFE5U-85F, median of seeds 1-4")
 
 #: The seeds' table: (stage, optimization, where the lesson covered it, latency in ms).
 SEEDS_STACK = (
@@ -149,14 +143,6 @@ def _zoo():
 def builtin_names():
     """Every name :func:`builtin_model` takes."""
     return BUILTIN_MODELS + tuple(_zoo().ZOO)
-
-
-def measured_clock_mhz(config):
-    """The measured Fmax (:data:`FMAX_MHZ`) of ``config``, or None when it has none (a config
-    never placed and routed, or one with other than its default memories and bus)."""
-    if config.name not in FMAX_MHZ or config != NPUConfig.from_name(config.name):
-        return None
-    return FMAX_MHZ[config.name]
 
 
 def link_bytes_per_second(config, clock_mhz):
@@ -428,7 +414,7 @@ def _clock(config, clock_mhz):
         clock_mhz = measured_clock_mhz(config)
         if clock_mhz is None:
             raise NPUValueError(f"no measured Fmax for config {config.name} with these "
-                                f"memories and bus (measured: {', '.join(FMAX_MHZ)} with "
+                                f"memories and bus (measured: {', '.join(ECP5_FMAX_MHZ)} with "
                                 f"their defaults); give --clock-mhz")
         return clock_mhz, FMAX_SOURCE
     if not clock_mhz > 0:
@@ -1190,7 +1176,7 @@ def markdown(results, *, command=None):
         clock_text = f"{clock:g} MHz (`--clock-mhz`)"
     else:
         clock_text = (f"the clock the config reaches on ECP5 ({FMAX_SOURCE}: "
-                      + ", ".join(f"{name} {mhz} MHz" for name, mhz in FMAX_MHZ.items())
+                      + ", ".join(f"{name} {mhz} MHz" for name, mhz in ECP5_FMAX_MHZ.items())
                       + "; `--clock-mhz` sets another)")
     if first.link_source.startswith("given"):
         link = f"a link of {first.link_bytes_per_second / 1e6:g} MB/s (`--link-mb-s`)"
@@ -1341,7 +1327,7 @@ def add_parser(commands):
                               "the cycle model's exact count)")
     command.add_argument("--clock-mhz", type=float, default=None,
                          help="the NPU's clock (default: the config's measured Fmax on ECP5, "
-                              + ", ".join(f"{k} {v}" for k, v in FMAX_MHZ.items()) + ")")
+                              + ", ".join(f"{k} {v}" for k, v in ECP5_FMAX_MHZ.items()) + ")")
     command.add_argument("--link-mb-s", type=float, default=None,
                          help="the host link's bandwidth in MB/s (default: the NPU's AXI "
                               "data bus at the NPU's clock)")

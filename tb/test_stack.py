@@ -14,8 +14,9 @@ from sw.cli import main
 from sw.onnx import models
 from sw.onnx.graph import import_model
 from sw.onnx.runtime import run_model
-from sw.stack import (FMAX_MHZ, NOISE, SEEDS_STACK, STEPS, builtin_model, file_model,
-                      link_bytes_per_second, markdown, measured_clock_mhz, run_stack)
+from sw.profile import ECP5_FMAX_MHZ as FMAX_MHZ, measured_clock_mhz
+from sw.stack import (NOISE, SEEDS_STACK, STEPS, builtin_model, file_model,
+                      link_bytes_per_second, markdown, run_stack)
 
 
 CONFIG = NPUConfig.from_name("8x8")
