@@ -17,7 +17,8 @@ out-of-context flow does (:func:`hw.top.enforce_assertions` leaves the assertion
 synthesis), not as Amaranth's RTLIL: on the RTLIL of the NPU since ``42917d9``, Yosys 0.70
 stops on an internal assertion (``rtlil.cc:3091``) while it puts ABC's mapping back into the
 design, with or without the assertion cells (``chformal -remove``) and with ``-noabc9``;
-on the Verilog of the same design it does not (docs/fpga-timing.md).
+on the Verilog of the same design it does not (docs/fpga-timing.md, table: board Yosys reads
+Verilog).
 """
 
 import os
@@ -44,8 +45,8 @@ __all__ = ["BOARDS", "BoardTop", "board_pll", "board_plan", "build_board", "CLOC
 #: The board's default NPU clock in MHz, what the PLL makes from the 25 MHz oscillator
 #: (exactly: ``tb/test_fpga.py`` checks it), and the nextpnr seed its build places with. The
 #: board build places the NPU with its pins and PLL, once per seed: on 767d7e7's 8x8 seed 1
-#: reached 100.26 MHz, seeds 2 and 3 116.80 and 117.12 (docs/fpga-timing.md, twenty-seventh
-#: session), so the build takes seed 3 and a clock below its Fmax. Set both again when the
+#: reached 100.26 MHz, seeds 2 and 3 116.80 and 117.12 (docs/fpga-timing.md, table: board
+#: seed), so the build takes seed 3 and a clock below its Fmax. Set both again when the
 #: hardware changes (a seed's placement changes with the netlist).
 CLOCK_MHZ = 115
 SEED = 3
@@ -139,7 +140,7 @@ class BoardTop(Elaboratable):
         # Two flip-flops of the NPU clock without a reset of their own (set at configuration,
         # cleared two edges after the lock): Yosys 0.70's ABC9 reintegration failed on the
         # 8x8 with ResetSynchronizer's asynchronously set flip-flops in the netlist
-        # (docs/fpga-timing.md, twenty-third session).
+        # (docs/fpga-timing.md, table: board reset synchronizer).
         m.domains.reset_sync = ClockDomain("reset_sync", local=True, reset_less=True)
         m.d.comb += ClockSignal("reset_sync").eq(sync.clk)
         unlocked = Signal(2, init=0b11, reset_less=True)
@@ -196,12 +197,12 @@ def board_plan(platform, config, pll, name="npu", *, seed=SEED, tmg_ripup=TMG_RI
 
 def _prepare(platform, config, pll, name, seed, tmg_ripup, *, nodsp):
     # nextpnr's router1, as the flow: on the 8x8's board placement router2's overused wires
-    # fell to a few hundred or thousand and then rose again, on every try since the eighth
-    # session; router1 routed the same netlist in 13 minutes (docs/fpga-timing.md,
-    # seventeenth session). Without the flow's --tmg-ripup by default: on the board's
+    # fell to a few hundred or thousand and then rose again, on every try from f45fdff
+    # (2026-12-05) on; router1 routed the same netlist in 13 minutes (docs/fpga-timing.md, table:
+    # board 8x8 with router1). Without the flow's --tmg-ripup by default: on the board's
     # placements its rounds took five to nine minutes each and did not converge (seed 1 at
     # 125 MHz: -1.97, -2.41, -1.89 ns; seed 3: -0.54, -0.30, -0.60, -0.80; docs/fpga-timing.md,
-    # twenty-sixth and twenty-seventh sessions), and 50 of them would run for hours.
+    # table: board with --tmg-ripup), and 50 of them would run for hours.
     plan = platform.prepare(BoardTop(config, pll), name=name,
                             nextpnr_opts="--router router1 --timing-allow-fail "
                                          f"--placer-heap-timingweight {PLACER_TIMING_WEIGHT} "

@@ -54,21 +54,22 @@ SPEED = "6"
 #: nextpnr's HeAP placer weighs each connection's timing criticality by this much against
 #: its wirelength (``--placer-heap-timingweight``; nextpnr's own default below, which every
 #: run before the flow set a weight had). The whole NPU's paths are mostly wire between
-#: blocks the placer spreads apart; docs/fpga-timing.md has the sweep of weights and seeds
-#: that chose this value.
+#: blocks the placer spreads apart; docs/fpga-timing.md (table: placer timing weight) has the
+#: weights and seeds measured that chose this value.
 PLACER_TIMING_WEIGHT = 40
 NEXTPNR_TIMING_WEIGHT = 10
 #: The clock constraint given to nextpnr: issue 16's required clock for the whole NPU. With
 #: ``--tmg-ripup`` router1, once every arc is routed, rips up the arcs of the paths that miss
 #: it and routes them again (up to 50 rounds), so the constraint is a target, not only a
 #: yardstick: on the 8x8's seed 1 one round of 24 arcs took 122.8 to 126.6 MHz
-#: (docs/fpga-timing.md, twenty-sixth session). Runs from before the flow ripped up had 150.
+#: (docs/fpga-timing.md, table: router1 --tmg-ripup). Runs from before the flow ripped up had 150.
 CLOCK_CONSTRAINT_MHZ = 125.0
 
 #: nextpnr-ecp5's routers. The flow uses router1: on the same placements it met timing
-#: where router2 left hundreds of failing paths (the 4x4 seed 1 of the seventeenth session's
+#: where router2 left hundreds of failing paths (the 4x4 seed 1 of 1b544c0's
 #: netlist: 110.94 MHz and 70 endpoints over 8 ns against 97.70 MHz and 830), and it routed
-#: the 8x8 board build that router2 never finished (docs/fpga-timing.md).
+#: the 8x8 board build that router2 never finished (docs/fpga-timing.md, table: router1 in
+#: place of router2; board 8x8 with router1).
 ROUTERS = ("router1", "router2")
 
 #: MAC forms the flow can build: "dsp" is the pipelined array on hand-instantiated

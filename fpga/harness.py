@@ -16,7 +16,8 @@ registered with four pins:
 The chains' flip-flops sit in a row, each beside the next; the update and hold registers are
 free to sit by the NPU's logic, and the routes between the two carry no logic. (With the
 chain's bits driving the NPU themselves, routes of 6.5 ns from the chain into the host's
-registers were the 8x8's worst path on one placement: docs/fpga-timing.md.)
+registers were the 8x8's worst path on one placement: docs/fpga-timing.md, table: harness
+update register.)
 * ``rst`` is registered once and becomes the ``sync`` domain's reset, asynchronous to assert
   and released on a clock edge (``async_reset``): a synchronous reset would be one net from
   one flip-flop to the reset input of every flip-flop of the NPU, and the slowest net of the
@@ -101,7 +102,8 @@ class ScanHarness(wiring.Component):
                 # DCC it finds, and from TDCC0 some placements could not route the reset's
                 # flip-flop to it ("Failed to route arc 0.0 of net 'rst_registered'", four
                 # runs so far; the 4x4 seed 4 that failed so routed with the lock:
-                # docs/fpga-timing.md). The other devices' DCCs are elsewhere: left free.
+                # docs/fpga-timing.md, table: reset DCCA locked). The other devices' DCCs are
+                # elsewhere: left free.
                 global_reset = Signal(name="rst_global")
                 locked = ({"a_BEL": RESET_DCC_85F}
                           if getattr(platform, "device", None) == "LFE5U-85F" else {})

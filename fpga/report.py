@@ -466,9 +466,10 @@ def _boards():
 _STATIC = """\
 ## Since the last report
 
-The tables above change only when `make fpga-report` runs. The timing work between its
-runs (issue 16: each change to the hardware, its single place-and-route runs and what was
-left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
+The tables above change only when `make fpga-report` runs. What limits the timing, and
+what was tried and measured between its runs (issue 16: each change, its figures before and
+after, its verdict), is one table in [fpga-timing.md](fpga-timing.md); the session-by-session
+log of that work is in that file's git history.
 
 ## What limits the figures
 
@@ -513,7 +514,8 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
   MATMUL queue a cycle late, the fetcher's watermarks are bits of a thermometer of the
   words it holds, the reader frames a one-beat burst from its address registers, and each
   of the writer's copy sets makes its own row load. nextpnr's router1 routes it (router2
-  left several times more failing paths on the same placements: docs/fpga-timing.md) and
+  left several times more failing paths on the same placements: docs/fpga-timing.md, table:
+  router1 in place of router2) and
   routes again the paths that miss the 125 MHz constraint (`--tmg-ripup`; Routing, below). What is
   left is wire and a few LUT levels, 6 to 7 ns of routing on the 8x8: on the runs above
   (`python -m fpga.sta <build> --period 8` lists every path over 8 ns) two of the 8x8's
@@ -593,8 +595,8 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
 * **Placement**: nextpnr's HeAP placer weighs each connection's timing criticality against
   its wirelength by `--placer-heap-timingweight`, 40 in the flow
   (`fpga.flow.PLACER_TIMING_WEIGHT`; nextpnr's default is 10; `python -m fpga run
-  --timing-weight W` for another). Swept on one netlist (fpga-timing.md, fifteenth
-  session): 40 raised both 8x8 seeds and three of four 4x4 seeds and cut the endpoints over
+  --timing-weight W` for another). Swept on one netlist (fpga-timing.md, table: placer
+  timing weight): 40 raised both 8x8 seeds and three of four 4x4 seeds and cut the endpoints over
   8 ns by 31 and 27% on the 8x8; heavier weights helped the 4x4 more but stretched single
   routes between the 8x8's DSP and block RAM rows, and left one 8x8 seed unroutable.
   The array alone came out lower with 40 on its one seed (4x4 165.4 to 160.5, 8x8 156.2 to
@@ -603,8 +605,8 @@ left) is logged, oldest first, in [fpga-timing.md](fpga-timing.md).
 * **Routing**: nextpnr's router1 with `--tmg-ripup`, against a clock constraint of 125 MHz,
   issue 16's required clock (`fpga.flow.CLOCK_CONSTRAINT_MHZ`): once every arc is routed,
   the router rips up the arcs of the paths that miss the constraint and routes them again,
-  up to 50 rounds. On one 8x8 netlist (fpga-timing.md, twenty-sixth session) it took seed 1
-  from 122.80 to 126.55 MHz (one round of 24 arcs) and seed 2 from 122.00 to 123.90 (one
+  up to 50 rounds. On one 8x8 netlist (fpga-timing.md, table: router1 `--tmg-ripup`) it took
+  seed 1 from 122.80 to 126.55 MHz (one round of 24 arcs) and seed 2 from 122.00 to 123.90 (one
   path of the DMA reader left, which no round shortened). A run that meets the constraint
   stops there, so its Fmax is where the router stopped, not its placement's limit: the same
   seed 1 at 135 MHz reached 129.9 after its first round and no more in the next three, and
@@ -669,8 +671,9 @@ Amaranth's own Trellis build script (`build/fpga/board_ulx3s-85f_8x8/`: `npu.bit
 and `npu.tim`, the nextpnr log with its timing), whose Yosys reads the design as Verilog
 (`npu.v`, Amaranth's, with the assertions left out of synthesis as in the out-of-context flow)
 rather than Amaranth's RTLIL, on which Yosys 0.70 stops with an internal assertion since
-`42917d9` ([fpga-timing.md](fpga-timing.md)). It is the same harnessed NPU with the same
-MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU clock from the 25 MHz oscillator,
+`42917d9` ([fpga-timing.md](fpga-timing.md), table: board Yosys reads Verilog). It is the
+same harnessed NPU with the same MULT18X18D PEs, on the board's pins: an EHXPLLL makes the NPU
+clock from the 25 MHz oscillator,
 the largest frequency it can at or below `CLOCK_MHZ`, with the divisors Project Trellis'
 `ecppll` would choose for that frequency (`fpga/pll.py` searches them as `ecppll` does), and
 holds the design in reset until it locks; `switch 0` is `scan_in`, `switch 1` is `scan_capture`
