@@ -981,8 +981,8 @@ def test_levels_count_luts_from_a_net_to_each_flip_flop_pin():
 
 def test_levels_find_the_head_enables_after_the_decision(report_2x2):
     """On the 2x2's netlist the decision's ``ready_a``/``ready_b`` terms reach the clock
-    enables of the decoder's head register, some 300 flip-flops (fpga.levels, as the
-    twenty-fifth session used it on the 8x8). Which of the two ABC leads them from is its
+    enables of the decoder's head register, some 300 flip-flops (fpga.levels, as it was used
+    on the 8x8: docs/fpga-timing.md, the issue decision's fan-out). Which of the two ABC leads them from is its
     choice: since the bus watchdog's change to the issue stage, ``ready_b`` drives nothing on
     the 2x2 and ``ready_a`` reaches 604 enables."""
     from fpga.levels import levels_after
