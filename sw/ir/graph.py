@@ -78,6 +78,12 @@ class Graph:
     constants: frozenset = frozenset()
 
     def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, not {self.layout!r}")
+        for op in self.ops:
+            if op.view is not None and op.view not in VIEW_ORDERS:
+                raise ValueError(f"{op.name}: view must be one of {VIEW_ORDERS}, not "
+                                 f"{op.view!r}")
         self._consumers = {}
         for op in self.ops:
             for name in op.inputs:
